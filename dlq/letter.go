@@ -1,0 +1,197 @@
+package dlq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Version is written into every dead letter.
+const Version = "0.1.0"
+
+// Header names of the envelope. See the package doc.
+const (
+	HeaderPrefix          = "Sluice-Dlq-"
+	HeaderError           = "Sluice-Dlq-Error"
+	HeaderClass           = "Sluice-Dlq-Class"
+	HeaderAttempts        = "Sluice-Dlq-Attempts"
+	HeaderFirstFailure    = "Sluice-Dlq-First-Failure"
+	HeaderLastFailure     = "Sluice-Dlq-Last-Failure"
+	HeaderOriginTopic     = "Sluice-Dlq-Origin-Topic"
+	HeaderOriginStream    = "Sluice-Dlq-Origin-Stream"
+	HeaderOriginPartition = "Sluice-Dlq-Origin-Partition"
+	HeaderOriginOffset    = "Sluice-Dlq-Origin-Offset"
+	HeaderOriginSequence  = "Sluice-Dlq-Origin-Sequence"
+	HeaderGroup           = "Sluice-Dlq-Group"
+	HeaderRoute           = "Sluice-Dlq-Route"
+	HeaderVersion         = "Sluice-Dlq-Version"
+	HeaderReplays         = "Sluice-Dlq-Replays"
+)
+
+// Error classes written in HeaderClass.
+const (
+	ClassPermanent = "permanent" // the handler returned a Permanent error
+	ClassExhausted = "exhausted" // retryable, but out of attempts
+	ClassOversize  = "oversize"  // larger than the route's byte window, by policy
+	ClassPanic     = "panic"     // the handler panicked on every attempt
+)
+
+// ErrMalformed is returned by Decode for a message that is not a dead letter
+// or whose metadata cannot be read.
+var ErrMalformed = errors.New("sluice: malformed dead letter")
+
+// Origin says where a message was consumed from. Fields that do not apply to
+// a broker are left zero; Partition is -1 when unknown.
+type Origin struct {
+	Topic     string // Kafka topic or NATS subject
+	Stream    string // JetStream stream
+	Partition int32
+	Offset    int64
+	Sequence  uint64 // JetStream stream sequence
+	Group     string // Kafka group or JetStream durable
+}
+
+// Letter is one dead letter: the original message and why it died.
+type Letter struct {
+	Key     []byte
+	Value   []byte
+	Headers map[string][]string // the original headers, never modified
+
+	Route        string
+	Err          string
+	Class        string
+	Attempts     int
+	FirstFailure time.Time
+	LastFailure  time.Time
+	Origin       Origin
+	Replays      int
+}
+
+// Sink stores dead letters. Write returns only after the broker confirmed
+// the letter; an error means it was not stored and the caller must keep the
+// original. Implementations must be safe for concurrent use, and should make
+// a retried Write of the same letter idempotent where the broker allows it
+// (JetStream's Nats-Msg-Id).
+type Sink interface {
+	Write(ctx context.Context, l *Letter) error
+}
+
+// SinkFunc adapts a function to Sink.
+type SinkFunc func(ctx context.Context, l *Letter) error
+
+// Write calls f.
+func (f SinkFunc) Write(ctx context.Context, l *Letter) error { return f(ctx, l) }
+
+const maxErrLen = 1024
+
+// EnvelopeHeaders returns the original headers plus the envelope headers. It
+// copies; l.Headers is not modified.
+func (l *Letter) EnvelopeHeaders() map[string][]string {
+	h := make(map[string][]string, len(l.Headers)+14)
+	for k, v := range l.Headers {
+		if strings.HasPrefix(k, HeaderPrefix) {
+			continue // a replayed letter dying again gets fresh metadata
+		}
+		h[k] = append([]string(nil), v...)
+	}
+	e := l.Err
+	if len(e) > maxErrLen {
+		e = e[:maxErrLen]
+	}
+	set := func(k, v string) {
+		if v != "" {
+			h[k] = []string{v}
+		}
+	}
+	set(HeaderError, e)
+	set(HeaderClass, l.Class)
+	set(HeaderAttempts, strconv.Itoa(l.Attempts))
+	if !l.FirstFailure.IsZero() {
+		set(HeaderFirstFailure, l.FirstFailure.UTC().Format(time.RFC3339Nano))
+	}
+	if !l.LastFailure.IsZero() {
+		set(HeaderLastFailure, l.LastFailure.UTC().Format(time.RFC3339Nano))
+	}
+	set(HeaderOriginTopic, l.Origin.Topic)
+	set(HeaderOriginStream, l.Origin.Stream)
+	if l.Origin.Partition >= 0 && l.Origin.Stream == "" {
+		set(HeaderOriginPartition, strconv.FormatInt(int64(l.Origin.Partition), 10))
+		set(HeaderOriginOffset, strconv.FormatInt(l.Origin.Offset, 10))
+	}
+	if l.Origin.Sequence > 0 {
+		set(HeaderOriginSequence, strconv.FormatUint(l.Origin.Sequence, 10))
+	}
+	set(HeaderGroup, l.Origin.Group)
+	set(HeaderRoute, l.Route)
+	set(HeaderVersion, Version)
+	set(HeaderReplays, strconv.Itoa(l.Replays))
+	return h
+}
+
+// Decode reads a dead letter back from a stored message's key, value and
+// headers. The envelope headers are removed from the returned Letter's
+// Headers, which hold the original headers again.
+func Decode(key, value []byte, headers map[string][]string) (*Letter, error) {
+	get := func(k string) string {
+		if v := headers[k]; len(v) > 0 {
+			return v[0]
+		}
+		return ""
+	}
+	if get(HeaderClass) == "" && get(HeaderError) == "" {
+		return nil, fmt.Errorf("%w: no %s header", ErrMalformed, HeaderClass)
+	}
+	l := &Letter{Key: key, Value: value, Headers: map[string][]string{},
+		Err: get(HeaderError), Class: get(HeaderClass), Route: get(HeaderRoute)}
+	for k, v := range headers {
+		if !strings.HasPrefix(k, HeaderPrefix) {
+			l.Headers[k] = v
+		}
+	}
+	var err error
+	num := func(k string, bits int) int64 {
+		s := get(k)
+		if s == "" || err != nil {
+			return 0
+		}
+		n, perr := strconv.ParseInt(s, 10, bits)
+		if perr != nil {
+			err = fmt.Errorf("%w: %s=%q", ErrMalformed, k, s)
+		}
+		return n
+	}
+	tm := func(k string) time.Time {
+		s := get(k)
+		if s == "" || err != nil {
+			return time.Time{}
+		}
+		t, perr := time.Parse(time.RFC3339Nano, s)
+		if perr != nil {
+			err = fmt.Errorf("%w: %s=%q", ErrMalformed, k, s)
+		}
+		return t
+	}
+	l.Attempts = int(num(HeaderAttempts, 32))
+	l.Replays = int(num(HeaderReplays, 32))
+	l.FirstFailure = tm(HeaderFirstFailure)
+	l.LastFailure = tm(HeaderLastFailure)
+	l.Origin = Origin{Topic: get(HeaderOriginTopic), Stream: get(HeaderOriginStream), Group: get(HeaderGroup), Partition: -1}
+	if get(HeaderOriginPartition) != "" {
+		l.Origin.Partition = int32(num(HeaderOriginPartition, 32))
+		l.Origin.Offset = num(HeaderOriginOffset, 64)
+	}
+	if s := get(HeaderOriginSequence); s != "" {
+		seq, perr := strconv.ParseUint(s, 10, 64)
+		if perr != nil && err == nil {
+			err = fmt.Errorf("%w: %s=%q", ErrMalformed, HeaderOriginSequence, s)
+		}
+		l.Origin.Sequence = seq
+	}
+	if err != nil {
+		return nil, err
+	}
+	return l, nil
+}
