@@ -1,0 +1,70 @@
+package consumer_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluice-go/sluice/consumer"
+)
+
+// benchSource hands out b.N preallocated messages so the benchmark measures
+// the consumer's path (window, queue, workers, settlement), not a fixture.
+type benchSource struct {
+	msgs []*consumer.Message
+	next atomic.Int64
+	done chan struct{}
+}
+
+type countAcker struct{ n *atomic.Int64 }
+
+func (a countAcker) Ack(context.Context) error                { a.n.Add(1); return nil }
+func (a countAcker) Nak(context.Context, time.Duration) error { a.n.Add(1); return nil }
+func (a countAcker) Term(context.Context, string) error       { a.n.Add(1); return nil }
+func (a countAcker) InProgress(context.Context) error         { return nil }
+
+func (s *benchSource) Fetch(ctx context.Context, n int, _ int64) ([]*consumer.Message, error) {
+	i := s.next.Load()
+	if int(i) >= len(s.msgs) {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-s.done:
+			return nil, consumer.ErrClosed
+		}
+	}
+	j := min(int(i)+n, len(s.msgs))
+	s.next.Store(int64(j))
+	return s.msgs[i:j], nil
+}
+
+func BenchmarkCorePath(b *testing.B) {
+	var settled atomic.Int64
+	msgs := make([]*consumer.Message, b.N)
+	val := make([]byte, 128)
+	ack := countAcker{&settled}
+	for i := range msgs {
+		msgs[i] = &consumer.Message{Value: val, Acker: ack}
+	}
+	src := &benchSource{msgs: msgs, done: make(chan struct{})}
+	c, err := consumer.New(consumer.Options{}, consumer.Route{
+		Name: "bench", Source: src, Workers: 2, MaxInFlight: 256, MaxInFlightBytes: 64 << 20,
+		Handler: func(context.Context, *consumer.Message) error { return nil },
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	b.ReportAllocs()
+	b.ResetTimer()
+	errc := make(chan error, 1)
+	go func() { errc <- c.Run(ctx) }()
+	for settled.Load() < int64(b.N) {
+		time.Sleep(50 * time.Microsecond)
+	}
+	b.StopTimer()
+	cancel()
+	<-errc
+}
