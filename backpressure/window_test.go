@@ -218,3 +218,21 @@ func waitFor(t *testing.T, cond func() bool) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// Cancelling the queued job (settling it before it ran) frees exactly one
+// slot: one replacement is admitted and the next is refused.
+func TestCancelledQueuedFreesOneSlot(t *testing.T) {
+	w := mustWindow(t, 3, 1<<20)
+	for range 3 { // 2 running + 1 queued
+		if !w.TryAcquire(1, 10) {
+			t.Fatal("setup")
+		}
+	}
+	w.Release(1, 10) // the queued one is cancelled before it ran
+	if !w.TryAcquire(1, 10) {
+		t.Fatal("replacement refused")
+	}
+	if w.TryAcquire(1, 10) {
+		t.Fatal("next admitted beyond the window")
+	}
+}
