@@ -1,0 +1,180 @@
+package metrics
+
+import (
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluice-go/sluice/consumer"
+)
+
+const namespace = "sluice"
+
+// Option configures New.
+type Option func(*config)
+
+type config struct {
+	constLabels prometheus.Labels
+}
+
+// WithConstLabels adds labels to every metric New registers.
+func WithConstLabels(l prometheus.Labels) Option {
+	return func(c *config) { c.constLabels = l }
+}
+
+// Observer exports consumer stats and handler latency to Prometheus. It
+// implements consumer.Observer; pass it as consumer.Options.Observer.
+type Observer struct {
+	latency *prometheus.HistogramVec
+	col     *collector
+}
+
+var _ consumer.Observer = (*Observer)(nil)
+
+// New registers the metrics on reg and returns the Observer. Registration
+// errors (for example registering twice on one registry) are returned.
+func New(reg prometheus.Registerer, opts ...Option) (*Observer, error) {
+	var cfg config
+	for _, o := range opts {
+		o(&cfg)
+	}
+	col := newCollector(cfg.constLabels)
+	latency := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace:   namespace,
+		Name:        "handler_duration_seconds",
+		Help:        "Handler run time by route and outcome.",
+		ConstLabels: cfg.constLabels,
+		// 0.5 ms * 2^16 ≈ 32.8 s.
+		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 17),
+	}, []string{"route", "outcome"})
+	if err := reg.Register(col); err != nil {
+		return nil, err
+	}
+	if err := reg.Register(latency); err != nil {
+		reg.Unregister(col)
+		return nil, err
+	}
+	return &Observer{latency: latency, col: col}, nil
+}
+
+// ObserveRoute implements consumer.Observer.
+func (o *Observer) ObserveRoute(info consumer.RouteInfo, stats func() consumer.RouteStats) consumer.RouteObserver {
+	o.col.add(info, stats)
+	outs := consumer.Outcomes()
+	ro := &routeObserver{byOutcome: make([]prometheus.Observer, len(outs))}
+	for i, out := range outs {
+		ro.byOutcome[i] = o.latency.WithLabelValues(info.Name, out.String())
+	}
+	return ro
+}
+
+type routeObserver struct {
+	byOutcome []prometheus.Observer // indexed by consumer.Outcome
+}
+
+// HandlerDone implements consumer.RouteObserver.
+func (r *routeObserver) HandlerDone(outcome consumer.Outcome, latency time.Duration) {
+	if outcome >= 0 && int(outcome) < len(r.byOutcome) {
+		r.byOutcome[outcome].Observe(latency.Seconds())
+	}
+}
+
+type routeEntry struct {
+	name, crit string
+	stats      func() consumer.RouteStats
+}
+
+type collector struct {
+	mu     sync.Mutex
+	routes []routeEntry
+
+	fetched, settled, goodput, late, handlerErrors, panics, malformed,
+	settleErrors, fetchErrors, keepAlives,
+	inUseMsgs, limitMsgs, inUseBytes, limitBytes, peakMsgs, peakBytes,
+	blocked, oldest *prometheus.Desc
+	outcomes []consumer.Outcome
+}
+
+func newCollector(cl prometheus.Labels) *collector {
+	labels := []string{"route", "criticality"}
+	d := func(name, help string, extra ...string) *prometheus.Desc {
+		return prometheus.NewDesc(prometheus.BuildFQName(namespace, "", name), help, append(labels[:2:2], extra...), cl)
+	}
+	return &collector{
+		fetched:       d("fetched_total", "Messages fetched from the source."),
+		settled:       d("settled_total", "Messages settled, by outcome.", "outcome"),
+		goodput:       d("goodput_total", "Successes that finished within their deadline."),
+		late:          d("late_total", "Successes that finished after their deadline."),
+		handlerErrors: d("handler_errors_total", "Handler runs that returned an error or panicked."),
+		panics:        d("panics_total", "Handler runs that panicked."),
+		malformed:     d("malformed_deadlines_total", "Deadline headers that could not be parsed."),
+		settleErrors:  d("settle_errors_total", "Ack/Nak/Term calls the broker refused."),
+		fetchErrors:   d("fetch_errors_total", "Failed fetches."),
+		keepAlives:    d("keepalives_total", "InProgress calls for long-running messages."),
+		inUseMsgs:     d("window_in_use_messages", "Messages held in the route's window."),
+		limitMsgs:     d("window_limit_messages", "The route window's message limit."),
+		inUseBytes:    d("window_in_use_bytes", "Bytes held in the route's window."),
+		limitBytes:    d("window_limit_bytes", "The route window's byte limit."),
+		peakMsgs:      d("window_peak_messages", "Most messages ever held in the route's window."),
+		peakBytes:     d("window_peak_bytes", "Most bytes ever held in the route's window."),
+		blocked:       d("window_blocked_seconds_total", "Time spent waiting for window capacity."),
+		oldest:        d("oldest_inflight_seconds", "Age of the oldest in-flight message."),
+		outcomes:      consumer.Outcomes(),
+	}
+}
+
+func (c *collector) add(info consumer.RouteInfo, stats func() consumer.RouteStats) {
+	c.mu.Lock()
+	c.routes = append(c.routes, routeEntry{name: info.Name, crit: info.Criticality.String(), stats: stats})
+	c.mu.Unlock()
+}
+
+func (c *collector) descs() []*prometheus.Desc {
+	return []*prometheus.Desc{c.fetched, c.settled, c.goodput, c.late, c.handlerErrors, c.panics,
+		c.malformed, c.settleErrors, c.fetchErrors, c.keepAlives, c.inUseMsgs, c.limitMsgs,
+		c.inUseBytes, c.limitBytes, c.peakMsgs, c.peakBytes, c.blocked, c.oldest}
+}
+
+// Describe implements prometheus.Collector.
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range c.descs() {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	c.mu.Lock()
+	routes := append([]routeEntry(nil), c.routes...)
+	c.mu.Unlock()
+	for _, r := range routes {
+		s := r.stats()
+		cnt := func(d *prometheus.Desc, v float64, extra ...string) {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, append([]string{r.name, r.crit}, extra...)...)
+		}
+		gauge := func(d *prometheus.Desc, v float64) {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, r.name, r.crit)
+		}
+		cnt(c.fetched, float64(s.Fetched))
+		for _, o := range c.outcomes {
+			cnt(c.settled, float64(s.Settled[o]), o.String())
+		}
+		cnt(c.goodput, float64(s.Goodput()))
+		cnt(c.late, float64(s.Late))
+		cnt(c.handlerErrors, float64(s.HandlerErrors))
+		cnt(c.panics, float64(s.Panics))
+		cnt(c.malformed, float64(s.MalformedDeadlines))
+		cnt(c.settleErrors, float64(s.SettleErrors))
+		cnt(c.fetchErrors, float64(s.FetchErrors))
+		cnt(c.keepAlives, float64(s.KeepAlives))
+		gauge(c.inUseMsgs, float64(s.InFlight))
+		gauge(c.limitMsgs, float64(s.MaxInFlight))
+		gauge(c.inUseBytes, float64(s.InFlightBytes))
+		gauge(c.limitBytes, float64(s.MaxInFlightBytes))
+		gauge(c.peakMsgs, float64(s.PeakInFlight))
+		gauge(c.peakBytes, float64(s.PeakInFlightBytes))
+		cnt(c.blocked, s.Blocked.Seconds())
+		gauge(c.oldest, s.OldestInFlight.Seconds())
+	}
+}
