@@ -1,0 +1,66 @@
+package natsadapter_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	natsadapter "github.com/sluice-go/sluice/adapters/nats"
+	"github.com/sluice-go/sluice/consumer"
+	"github.com/sluice-go/sluice/internal/natstest"
+)
+
+func Example() {
+	dir, _ := os.MkdirTemp("", "sluice-example")
+	defer os.RemoveAll(dir)
+	srv, err := natstest.Run(dir)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer srv.WaitForShutdown()
+	defer srv.Shutdown()
+	nc, _ := nats.Connect(srv.ClientURL())
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	ctx := context.Background()
+	js.CreateStream(ctx, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}})
+	for i := range 3 {
+		js.Publish(ctx, "orders.new", []byte(fmt.Sprint("order-", i)))
+	}
+
+	const window = 16
+	src, err := natsadapter.NewSourceFor(ctx, js, "ORDERS", jetstream.ConsumerConfig{Durable: "orders"}, window, natsadapter.SourceOptions{PollWait: 100 * time.Millisecond})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	sink, _ := natsadapter.NewDeadLetterSink(ctx, js, natsadapter.SinkOptions{})
+	done := make(chan struct{}, 3)
+	c, _ := consumer.New(consumer.Options{}, consumer.Route{
+		Name: "orders", Source: src, DeadLetter: sink,
+		Workers: 1, MaxInFlight: window, MaxInFlightBytes: 1 << 20,
+		Handler: func(_ context.Context, m *consumer.Message) error {
+			fmt.Println(m.Topic, string(m.Value), "attempt", m.Attempt)
+			done <- struct{}{}
+			return nil
+		},
+	})
+	runCtx, stop := context.WithCancel(ctx)
+	errc := make(chan error, 1)
+	go func() { errc <- c.Run(runCtx) }()
+	for range 3 {
+		<-done
+	}
+	stop()
+	fmt.Println("run:", <-errc)
+	// Output:
+	// orders.new order-0 attempt 1
+	// orders.new order-1 attempt 1
+	// orders.new order-2 attempt 1
+	// run: <nil>
+}

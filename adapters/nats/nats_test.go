@@ -1,0 +1,378 @@
+package natsadapter_test
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	natsadapter "github.com/sluice-go/sluice/adapters/nats"
+	"github.com/sluice-go/sluice/consumer"
+	"github.com/sluice-go/sluice/dlq"
+	"github.com/sluice-go/sluice/internal/natstest"
+)
+
+func setup(t *testing.T, n int) (context.Context, jetstream.JetStream) {
+	t.Helper()
+	_, url := natstest.Start(t)
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "WORK", Subjects: []string{"work.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	publish(t, ctx, js, n)
+	return ctx, js
+}
+
+func publish(t *testing.T, ctx context.Context, js jetstream.JetStream, n int) {
+	t.Helper()
+	const par = 256
+	for i := 0; i < n; i += par {
+		var futs []jetstream.PubAckFuture
+		for j := i; j < min(i+par, n); j++ {
+			f, err := js.PublishMsgAsync(&nats.Msg{Subject: "work.x", Data: []byte(strconv.Itoa(j)),
+				Header: nats.Header{"Id": []string{strconv.Itoa(j)}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			futs = append(futs, f)
+		}
+		for _, f := range futs {
+			select {
+			case <-f.Ok():
+			case err := <-f.Err():
+				t.Fatal(err)
+			case <-ctx.Done():
+				t.Fatal(ctx.Err())
+			}
+		}
+	}
+}
+
+// runUntil runs c until cond holds or timeout, then stops it.
+func runUntil(t *testing.T, c *consumer.Consumer, timeout time.Duration, cond func() bool, tick func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			cancel()
+			<-done
+			t.Fatalf("timed out; stats %+v", c.Stats())
+		}
+		if tick != nil {
+			tick()
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestLedgerNothingLost(t *testing.T) {
+	const n = 10000
+	ctx, js := setup(t, n)
+	src, err := natsadapter.NewSourceFor(ctx, js, "WORK", jetstream.ConsumerConfig{Durable: "ledger", AckWait: 10 * time.Second}, 64, natsadapter.SourceOptions{PollWait: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink, err := natsadapter.NewDeadLetterSink(ctx, js, natsadapter.SinkOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	acked := map[int]int{}
+	var dups atomic.Int64
+	h := func(_ context.Context, m *consumer.Message) error {
+		id, _ := strconv.Atoi(m.Headers.Get("Id"))
+		switch {
+		case id%997 == 0:
+			return consumer.Permanent(errors.New("poison"))
+		case rand.IntN(100) < 3:
+			return errors.New("flaky")
+		}
+		mu.Lock()
+		acked[id]++
+		if acked[id] > 1 {
+			dups.Add(1)
+		}
+		mu.Unlock()
+		return nil
+	}
+	c, err := consumer.New(consumer.Options{}, consumer.Route{Name: "ledger", Source: src, Handler: h,
+		Workers: 8, MaxInFlight: 64, MaxInFlightBytes: 1 << 20, DeadLetter: sink, Group: "ledger",
+		Retry: consumer.RetryPolicy{MaxAttempts: 10, BaseDelay: time.Millisecond, MaxDelay: 10 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	poison := 0
+	for i := 0; i < n; i++ {
+		if i%997 == 0 {
+			poison++
+		}
+	}
+	start := time.Now()
+	runUntil(t, c, 40*time.Second, func() bool {
+		s := c.Stats()[0]
+		return s.Settled[consumer.OutcomeSucceeded]+s.Settled[consumer.OutcomeDeadLettered] >= n
+	}, nil)
+	t.Logf("settled %d in %v; stats %+v", n, time.Since(start), c.Stats()[0])
+
+	// Read the DLQ back.
+	dcons, err := js.CreateOrUpdateConsumer(ctx, natsadapter.DefaultDLQStream, jetstream.ConsumerConfig{AckPolicy: jetstream.AckNonePolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := map[int]bool{}
+	for len(dead) < poison {
+		b, err := dcons.Fetch(poison, jetstream.FetchMaxWait(2*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := 0
+		for m := range b.Messages() {
+			got++
+			l, err := dlq.Decode(nil, m.Data(), m.Headers())
+			if err != nil {
+				t.Fatal(err)
+			}
+			id, _ := strconv.Atoi(l.Headers["Id"][0])
+			if l.Class != dlq.ClassPermanent || l.Origin.Stream != "WORK" || l.Origin.Sequence == 0 ||
+				l.Origin.Group != "ledger" || l.Route != "ledger" || l.Origin.Topic != "work.x" || string(l.Value) != strconv.Itoa(id) {
+				t.Fatalf("bad letter %+v", l)
+			}
+			dead[id] = true
+		}
+		if got == 0 {
+			break
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for i := 0; i < n; i++ {
+		if i%997 == 0 {
+			if !dead[i] || acked[i] > 0 {
+				t.Fatalf("poison %d: dead %v acked %d", i, dead[i], acked[i])
+			}
+		} else if acked[i] == 0 {
+			t.Fatalf("message %d lost", i)
+		}
+	}
+	info, err := src.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.NumAckPending != 0 || info.NumPending != 0 {
+		t.Fatalf("consumer not drained: ack pending %d, pending %d", info.NumAckPending, info.NumPending)
+	}
+	t.Logf("duplicates: %d, dead letters: %d", dups.Load(), len(dead))
+}
+
+func TestWindowBound(t *testing.T) {
+	const window, bytesWin = 16, 64   // bytes bind first: about 8 messages
+	ctx, js := setup(t, 10*window*10) // far above the window
+	src, err := natsadapter.NewSourceFor(ctx, js, "WORK", jetstream.ConsumerConfig{Durable: "win"}, window, natsadapter.SourceOptions{PollWait: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var handled atomic.Int64
+	c, err := consumer.New(consumer.Options{}, consumer.Route{Name: "win", Source: src, Workers: 4, MaxInFlight: window, MaxInFlightBytes: bytesWin,
+		Handler: func(context.Context, *consumer.Message) error {
+			time.Sleep(time.Millisecond)
+			handled.Add(1)
+			return nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sawBacklog atomic.Bool
+	runUntil(t, c, 20*time.Second, func() bool { return handled.Load() >= 300 }, func() {
+		if info, err := src.Info(ctx); err == nil && info.NumPending >= 10*window {
+			sawBacklog.Store(true)
+		}
+	})
+	s := c.Stats()[0]
+	if s.PeakInFlight > window || s.PeakInFlightBytes > bytesWin {
+		t.Fatalf("window exceeded: peak %d msgs %d bytes", s.PeakInFlight, s.PeakInFlightBytes)
+	}
+	if !sawBacklog.Load() {
+		t.Fatal("never saw a 10x backlog waiting in the stream")
+	}
+	info, _ := src.Info(ctx)
+	if info.NumAckPending > window {
+		t.Fatalf("server ack pending %d > window", info.NumAckPending)
+	}
+	t.Logf("peak %d/%d msgs, %d/%d bytes", s.PeakInFlight, window, s.PeakInFlightBytes, bytesWin)
+}
+
+func TestSlowHandlerKeptAlive(t *testing.T) {
+	ctx, js := setup(t, 2)
+	src, err := natsadapter.NewSourceFor(ctx, js, "WORK", jetstream.ConsumerConfig{Durable: "slow", AckWait: time.Second}, 4, natsadapter.SourceOptions{PollWait: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var attempts []int
+	c, err := consumer.New(consumer.Options{}, consumer.Route{Name: "slow", Source: src, Workers: 2, MaxInFlight: 4, MaxInFlightBytes: 1 << 20,
+		Handler: func(_ context.Context, m *consumer.Message) error {
+			mu.Lock()
+			attempts = append(attempts, m.Attempt)
+			mu.Unlock()
+			time.Sleep(2500 * time.Millisecond)
+			return nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runUntil(t, c, 15*time.Second, func() bool { return c.Stats()[0].Settled[consumer.OutcomeSucceeded] >= 2 }, nil)
+	time.Sleep(300 * time.Millisecond)
+	s := c.Stats()[0]
+	mu.Lock()
+	defer mu.Unlock()
+	if len(attempts) != 2 || attempts[0] != 1 || attempts[1] != 1 || s.Fetched != 2 {
+		t.Fatalf("redelivered: attempts %v fetched %d", attempts, s.Fetched)
+	}
+	if s.KeepAlives == 0 {
+		t.Fatal("no keep-alives")
+	}
+	info, _ := src.Info(ctx)
+	if info.NumRedelivered != 0 || info.NumAckPending != 0 {
+		t.Fatalf("redelivered %d, ack pending %d", info.NumRedelivered, info.NumAckPending)
+	}
+}
+
+func TestDLQFailureKeepsOriginal(t *testing.T) {
+	ctx, js := setup(t, 1)
+	src, err := natsadapter.NewSourceFor(ctx, js, "WORK", jetstream.ConsumerConfig{Durable: "dlqfail"}, 4, natsadapter.SourceOptions{PollWait: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink, err := natsadapter.NewDeadLetterSink(ctx, js, natsadapter.SinkOptions{Stream: "DEAD", SubjectPrefix: "dead"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := js.DeleteStream(ctx, "DEAD"); err != nil { // every write now fails: no stream on the subject
+		t.Fatal(err)
+	}
+	var maxAttempt atomic.Int64
+	c, err := consumer.New(consumer.Options{}, consumer.Route{Name: "dlqfail", Source: src, Workers: 1, MaxInFlight: 4, MaxInFlightBytes: 1 << 20,
+		DeadLetter: dlq.SinkFunc(func(ctx context.Context, l *dlq.Letter) error {
+			ctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+			defer cancel()
+			return sink.Write(ctx, l)
+		}),
+		Retry: consumer.RetryPolicy{BaseDelay: time.Millisecond, MaxDelay: time.Millisecond},
+		Handler: func(_ context.Context, m *consumer.Message) error {
+			if int64(m.Attempt) > maxAttempt.Load() {
+				maxAttempt.Store(int64(m.Attempt))
+			}
+			return consumer.Permanent(errors.New("poison"))
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runUntil(t, c, 15*time.Second, func() bool { return maxAttempt.Load() >= 3 }, nil)
+	s := c.Stats()[0]
+	if s.Settled[consumer.OutcomeDLQFailed] < 2 || s.Settled[consumer.OutcomeDeadLettered] != 0 {
+		t.Fatalf("stats %+v", s)
+	}
+	info, err := src.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.AckFloor.Stream != 0 {
+		t.Fatalf("original was settled: ack floor %d", info.AckFloor.Stream)
+	}
+}
+
+func TestOversizeMessageFetchedAlone(t *testing.T) {
+	ctx, js := setup(t, 0)
+	big := make([]byte, 4096)
+	if _, err := js.Publish(ctx, "work.big", big); err != nil {
+		t.Fatal(err)
+	}
+	cons, err := js.CreateOrUpdateConsumer(ctx, "WORK", jetstream.ConsumerConfig{Durable: "big", AckPolicy: jetstream.AckExplicitPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := natsadapter.NewSource(cons, natsadapter.SourceOptions{PollWait: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs, err := src.Fetch(ctx, 10, 100)
+	if err != nil || len(msgs) != 1 || len(msgs[0].Value) != 4096 {
+		t.Fatalf("got %d msgs, err %v", len(msgs), err)
+	}
+	if err := msgs[0].Acker.Ack(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Nothing left: Fetch returns (nil, nil) within PollWait.
+	start := time.Now()
+	msgs, err = src.Fetch(ctx, 10, 100)
+	if err != nil || len(msgs) != 0 || time.Since(start) > 3*time.Second {
+		t.Fatalf("empty fetch: %d msgs, err %v, took %v", len(msgs), err, time.Since(start))
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := src.Fetch(cctx, 10, 100); !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled fetch: %v", err)
+	}
+}
+
+func TestNewSourceForRejectsSmallMaxAckPending(t *testing.T) {
+	ctx, js := setup(t, 0)
+	_, err := natsadapter.NewSourceFor(ctx, js, "WORK", jetstream.ConsumerConfig{Durable: "small", MaxAckPending: 4}, 64, natsadapter.SourceOptions{})
+	if !errors.Is(err, consumer.ErrInvalidOption) {
+		t.Fatalf("err %v", err)
+	}
+}
+
+func TestDeadLetterSinkDedupes(t *testing.T) {
+	ctx, js := setup(t, 0)
+	sink, err := natsadapter.NewDeadLetterSink(ctx, js, natsadapter.SinkOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := &dlq.Letter{Value: []byte("v"), Route: "r.1", Class: dlq.ClassPermanent, Err: "boom", Attempts: 2,
+		Origin: dlq.Origin{Stream: "WORK", Sequence: 42, Partition: -1}}
+	for range 3 {
+		if err := sink.Write(ctx, l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err := js.Stream(ctx, natsadapter.DefaultDLQStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := st.CachedInfo().State.Msgs; n != 1 {
+		t.Fatalf("%d letters stored, want 1", n)
+	}
+	m, err := st.GetLastMsgForSubject(ctx, sink.Subject("r.1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := dlq.Decode(nil, m.Data, m.Header)
+	if err != nil || got.Origin.Sequence != 42 || got.Attempts != 2 || got.Route != "r.1" {
+		t.Fatalf("letter %+v, err %v", got, err)
+	}
+}

@@ -1,0 +1,51 @@
+// Package natstest starts an in-process NATS server with JetStream for
+// tests and examples.
+package natstest
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// Run starts a JetStream-enabled server on 127.0.0.1 with a random port,
+// storing streams in storeDir. The caller shuts it down with Shutdown and
+// WaitForShutdown.
+func Run(storeDir string) (*server.Server, error) {
+	opts := &server.Options{
+		Host:      "127.0.0.1",
+		Port:      -1,
+		JetStream: true,
+		StoreDir:  storeDir,
+		NoLog:     true,
+		NoSigs:    true,
+	}
+	s, err := server.NewServer(opts)
+	if err != nil {
+		return nil, err
+	}
+	s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		s.Shutdown()
+		s.WaitForShutdown()
+		return nil, errors.New("natstest: server not ready after 10s")
+	}
+	return s, nil
+}
+
+// Start runs a server for tb, with its store in tb.TempDir, and shuts it
+// down in tb.Cleanup. It returns the server and its client URL.
+func Start(tb testing.TB) (*server.Server, string) {
+	tb.Helper()
+	s, err := Run(tb.TempDir())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		s.Shutdown()
+		s.WaitForShutdown()
+	})
+	return s, s.ClientURL()
+}
