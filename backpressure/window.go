@@ -183,11 +183,19 @@ func (w *Window) Acquire(ctx context.Context, n int, b int64) error {
 // blocking half of a pull: wait, then fetch at most what is free, then
 // Acquire what the fetch returned.
 func (w *Window) WaitFree(ctx context.Context) (messages int, bytes int64, err error) {
+	return w.WaitFreeAtLeast(ctx, 1)
+}
+
+// WaitFreeAtLeast is WaitFree that waits until at least minMessages message
+// slots are free (capped at the window size), so a puller can fetch in
+// batches instead of one round trip per freed slot.
+func (w *Window) WaitFreeAtLeast(ctx context.Context, minMessages int) (messages int, bytes int64, err error) {
+	minMessages = max(1, min(minMessages, w.maxMsgs))
 	var start time.Time
 	for {
 		w.mu.Lock()
 		m, b := w.freeLocked()
-		if m > 0 && b > 0 {
+		if m >= minMessages && b > 0 {
 			if !start.IsZero() {
 				w.blocked += time.Since(start)
 			}

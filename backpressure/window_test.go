@@ -236,3 +236,23 @@ func TestCancelledQueuedFreesOneSlot(t *testing.T) {
 		t.Fatal("next admitted beyond the window")
 	}
 }
+
+func TestWaitFreeAtLeastWaitsForLowWater(t *testing.T) {
+	w := mustWindow(t, 8, 1000)
+	w.TryAcquire(8, 80)
+	got := make(chan int, 1)
+	go func() {
+		n, _, _ := w.WaitFreeAtLeast(context.Background(), 3)
+		got <- n
+	}()
+	w.Release(2, 20)
+	select {
+	case n := <-got:
+		t.Fatalf("returned with %d free, below the low-water mark 3", n)
+	case <-time.After(20 * time.Millisecond):
+	}
+	w.Release(1, 10)
+	if n := <-got; n != 3 {
+		t.Fatalf("free %d, want 3", n)
+	}
+}

@@ -113,6 +113,11 @@ type Route struct {
 	MaxInFlightBytes int64
 	// MaxBatch caps one fetch. 0 means MaxInFlight.
 	MaxBatch int
+	// MinFetch is the low-water mark of the pull: the route fetches again
+	// only once at least this many message slots are free, so a broker
+	// round trip carries a batch rather than one message. 0 means a quarter
+	// of MaxBatch (at least 1); 1 fetches as soon as any slot frees.
+	MinFetch int
 
 	Retry  RetryPolicy
 	Expiry expiry.Policy
@@ -175,6 +180,8 @@ func (r *Route) validate() error {
 		return bad("MaxInFlightBytes must be > 0, got %d", r.MaxInFlightBytes)
 	case r.MaxBatch < 0:
 		return bad("MaxBatch must be >= 0, got %d", r.MaxBatch)
+	case r.MinFetch < 0:
+		return bad("MinFetch must be >= 0, got %d", r.MinFetch)
 	case r.Retry.MaxAttempts < 0 || r.Retry.MaxAttempts > 1000:
 		return bad("Retry.MaxAttempts must be 0..1000, got %d", r.Retry.MaxAttempts)
 	case r.Retry.BaseDelay < 0 || r.Retry.MaxDelay < 0:

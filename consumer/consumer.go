@@ -35,6 +35,7 @@ type route struct {
 	c         counters
 	obs       RouteObserver
 	maxBatch  int
+	minFetch  int
 	keepAlive time.Duration
 	expiryOn  bool
 	header    string
@@ -92,6 +93,11 @@ func New(opts Options, routes ...Route) (*Consumer, error) {
 		if r.maxBatch == 0 || r.maxBatch > cfg.MaxInFlight {
 			r.maxBatch = cfg.MaxInFlight
 		}
+		r.minFetch = cfg.MinFetch
+		if r.minFetch == 0 {
+			r.minFetch = max(1, r.maxBatch/4)
+		}
+		r.minFetch = min(r.minFetch, r.maxBatch)
 		r.keepAlive = cfg.KeepAlive
 		if r.keepAlive == 0 {
 			if aw, ok := cfg.Source.(AckWaiter); ok && aw.AckWait() > 0 {
@@ -241,7 +247,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 func (r *route) fetchLoop(ctx context.Context) error {
 	errDelay := 10 * time.Millisecond
 	for {
-		n, b, err := r.window.WaitFree(ctx)
+		n, b, err := r.window.WaitFreeAtLeast(ctx, r.minFetch)
 		if err != nil {
 			return nil
 		}
