@@ -125,5 +125,5 @@ func benchSluice(b *testing.B, async bool) {
 	}
 }
 
-func BenchmarkConsumeSluiceAsyncAck(b *testing.B) { benchSluice(b, true) }
+func BenchmarkConsumeSluiceAsyncAck(b *testing.B)  { benchSluice(b, true) }
 func BenchmarkConsumeSluiceDoubleAck(b *testing.B) { benchSluice(b, false) }
