@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	natsadapter "github.com/sluice-go/sluice/adapters/nats"
@@ -26,16 +25,7 @@ import (
 
 func benchStream(b *testing.B) (context.Context, jetstream.JetStream, jetstream.Stream) {
 	b.Helper()
-	_, url := natstest.Start(b)
-	nc, err := nats.Connect(url)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		b.Fatal(err)
-	}
+	js := natstest.JetStream(b)
 	ctx := context.Background()
 	st, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "BENCH", Subjects: []string{"bench.>"}, Storage: jetstream.MemoryStorage})
 	if err != nil {

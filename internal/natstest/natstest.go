@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // Run starts a JetStream-enabled server on 127.0.0.1 with a random port,
@@ -48,4 +50,21 @@ func Start(tb testing.TB) (*server.Server, string) {
 		s.WaitForShutdown()
 	})
 	return s, s.ClientURL()
+}
+
+// JetStream starts a server for tb (as Start) and returns a JetStream
+// context on a connection closed in tb.Cleanup.
+func JetStream(tb testing.TB) jetstream.JetStream {
+	tb.Helper()
+	_, url := Start(tb)
+	nc, err := nats.Connect(url)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return js
 }
