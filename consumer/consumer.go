@@ -277,15 +277,18 @@ func (r *route) fetchLoop(ctx context.Context) error {
 	}
 }
 
-// admit charges a fetched batch to the window and queues it. The clock is
-// read once for the batch.
+// admit charges a fetched batch to the window and queues it. Each clock is
+// read once for the batch: the injectable one for deadline decisions, the
+// real one for holding time (keep-alive ticks and the oldest-age stat run on
+// real time, whatever clock the deadlines use).
 func (r *route) admit(ctx context.Context, msgs []*Message) {
 	now := r.clock.Now()
+	held := time.Now()
 	r.c.fetched.Add(uint64(len(msgs)))
 	for _, m := range msgs {
 		m.route = r
-		m.fetchedAt = now
-		m.touched.Store(now.UnixNano())
+		m.fetchedAt = held
+		m.touched.Store(held.UnixNano())
 		if m.Attempt < 1 {
 			m.Attempt = 1
 		}
