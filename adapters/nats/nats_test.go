@@ -169,7 +169,7 @@ func TestLedgerNothingLost(t *testing.T) {
 			t.Fatalf("message %d lost", i)
 		}
 	}
-	info, err := src.Info(ctx)
+	info, err := src.Consumer().Info(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -198,7 +198,7 @@ func TestWindowBound(t *testing.T) {
 	}
 	var sawBacklog atomic.Bool
 	runUntil(t, c, 20*time.Second, func() bool { return handled.Load() >= 300 }, func() {
-		if info, err := src.Info(ctx); err == nil && info.NumPending >= 10*window {
+		if info, err := src.Consumer().Info(ctx); err == nil && info.NumPending >= 10*window {
 			sawBacklog.Store(true)
 		}
 	})
@@ -209,7 +209,7 @@ func TestWindowBound(t *testing.T) {
 	if !sawBacklog.Load() {
 		t.Fatal("never saw a 10x backlog waiting in the stream")
 	}
-	info, _ := src.Info(ctx)
+	info, _ := src.Consumer().Info(ctx)
 	if info.NumAckPending > window {
 		t.Fatalf("server ack pending %d > window", info.NumAckPending)
 	}
@@ -246,7 +246,7 @@ func TestSlowHandlerKeptAlive(t *testing.T) {
 	if s.KeepAlives == 0 {
 		t.Fatal("no keep-alives")
 	}
-	info, _ := src.Info(ctx)
+	info, _ := src.Consumer().Info(ctx)
 	if info.NumRedelivered != 0 || info.NumAckPending != 0 {
 		t.Fatalf("redelivered %d, ack pending %d", info.NumRedelivered, info.NumAckPending)
 	}
@@ -287,7 +287,7 @@ func TestDLQFailureKeepsOriginal(t *testing.T) {
 	if s.Settled[consumer.OutcomeDLQFailed] < 2 || s.Settled[consumer.OutcomeDeadLettered] != 0 {
 		t.Fatalf("stats %+v", s)
 	}
-	info, err := src.Info(ctx)
+	info, err := src.Consumer().Info(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -306,7 +306,7 @@ func TestOversizeMessageFetchedAlone(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	src, err := natsadapter.NewSource(cons, natsadapter.SourceOptions{PollWait: time.Second})
+	src, err := natsadapter.NewSource(js, cons, natsadapter.SourceOptions{PollWait: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluice-go/sluice/consumer"
@@ -14,23 +17,51 @@ import (
 
 // SourceOptions configure a Source. The zero value is usable.
 type SourceOptions struct {
-	// PollWait is the longest one Fetch waits for messages. 0 means 1 s.
+	// PollWait is the longest one Fetch waits for a first message. 0 means
+	// 1 s. Once a message is there, Fetch returns what the server has at
+	// that moment without waiting for the batch to fill.
 	PollWait time.Duration
-	// AckAsync acks with a plain Ack instead of DoubleAck: faster, but an
-	// ack lost on the way is not noticed (the message is redelivered).
+	// AckAsync acks with a plain Ack instead of a server-confirmed one:
+	// faster, but an ack lost on the way is not noticed (the message is
+	// redelivered after AckWait, a duplicate).
 	AckAsync bool
 	// KeyHeader names the header whose value becomes Message.Key. ""
 	// means Nats-Msg-Id.
 	KeyHeader string
 }
 
-// Source is a consumer.Source over a JetStream pull consumer. It is safe for
-// one route's fetch loop; Acks may come from any goroutine.
+// ErrPull wraps a pull request the server refused for a reason other than
+// "no messages" or "timeout" (for example 409 Consumer Deleted). The route
+// counts it as a fetch error and retries with backoff.
+var ErrPull = errors.New("natsadapter: pull request refused")
+
+// Source is a consumer.Source over a JetStream pull consumer. Fetch is meant
+// for one route's fetch loop; acks may come from any goroutine.
+//
+// Each Fetch is one pull request for exactly what the caller asked for, by
+// count and bytes, sent with no_wait and an expiry: the server answers as
+// soon as it has at least one message and ends the request once it has no
+// more to give, so a half-full batch never waits for the expiry. Nothing is
+// buffered between Fetch calls: whatever the server delivers belongs to the
+// request the route's window made room for.
+//
+// jetstream's Fetch cannot express that request (its no-wait form has no
+// byte limit and no expiry, its waiting form holds a partial batch until the
+// expiry), so the Source sends the pull request itself on the connection
+// and settles deliveries with the nats.Msg ack methods.
 type Source struct {
-	jetstream.Consumer
+	cons   jetstream.Consumer
+	nc     *nats.Conn
 	opts   SourceOptions
 	stream string
 	name   string
+	next   string // the pull request subject
+
+	mu     sync.Mutex
+	sub    *nats.Subscription
+	inbox  string
+	seq    uint64
+	closed bool
 }
 
 var (
@@ -38,16 +69,21 @@ var (
 	_ consumer.AckWaiter = (*Source)(nil)
 )
 
-// NewSource wraps cons, which should use AckPolicy explicit.
-func NewSource(cons jetstream.Consumer, opts SourceOptions) (*Source, error) {
-	if cons == nil {
-		return nil, fmt.Errorf("%w: nil jetstream consumer", consumer.ErrInvalidOption)
+// NewSource wraps cons, a pull consumer with AckPolicy explicit reached
+// through js (its connection carries the pull requests). Use it to run a
+// consumer you already created under sluice; NewSourceFor creates one.
+func NewSource(js jetstream.JetStream, cons jetstream.Consumer, opts SourceOptions) (*Source, error) {
+	if js == nil || cons == nil {
+		return nil, fmt.Errorf("%w: nil jetstream or consumer", consumer.ErrInvalidOption)
 	}
 	if opts.PollWait < 0 {
 		return nil, fmt.Errorf("%w: PollWait %v is negative", consumer.ErrInvalidOption, opts.PollWait)
 	}
 	if opts.PollWait == 0 {
 		opts.PollWait = time.Second
+	}
+	if opts.PollWait < 10*time.Millisecond {
+		return nil, fmt.Errorf("%w: PollWait %v is below 10ms", consumer.ErrInvalidOption, opts.PollWait)
 	}
 	if opts.KeyHeader == "" {
 		opts.KeyHeader = jetstream.MsgIDHeader
@@ -59,14 +95,36 @@ func NewSource(cons jetstream.Consumer, opts SourceOptions) (*Source, error) {
 	if info.Config.AckPolicy != jetstream.AckExplicitPolicy {
 		return nil, fmt.Errorf("%w: consumer %q must use AckPolicy explicit", consumer.ErrInvalidOption, info.Name)
 	}
-	return &Source{Consumer: cons, opts: opts, stream: info.Stream, name: info.Name}, nil
+	if info.Config.DeliverSubject != "" {
+		return nil, fmt.Errorf("%w: consumer %q is a push consumer", consumer.ErrInvalidOption, info.Name)
+	}
+	jo := js.Options()
+	prefix := jetstream.DefaultAPIPrefix
+	switch {
+	case jo.Domain != "":
+		prefix = "$JS." + jo.Domain + ".API."
+	case jo.APIPrefix != "":
+		prefix = jo.APIPrefix
+		if prefix[len(prefix)-1] != '.' {
+			prefix += "."
+		}
+	}
+	return &Source{
+		cons:   cons,
+		nc:     js.Conn(),
+		opts:   opts,
+		stream: info.Stream,
+		name:   info.Name,
+		next:   prefix + "CONSUMER.MSG.NEXT." + info.Stream + "." + info.Name,
+	}, nil
 }
 
 // NewSourceFor creates or updates the durable or ephemeral consumer cfg on
 // stream, with AckPolicy explicit and MaxAckPending at least window (0
 // means window; a smaller value is an error wrapping
 // consumer.ErrInvalidOption, since the broker would then stall the route
-// below its window), and wraps it.
+// below its window), and wraps it. When several processes share one
+// durable, set MaxAckPending to the sum of their windows.
 func NewSourceFor(ctx context.Context, js jetstream.JetStream, stream string, cfg jetstream.ConsumerConfig, window int, opts SourceOptions) (*Source, error) {
 	if window <= 0 {
 		return nil, fmt.Errorf("%w: window must be > 0, got %d", consumer.ErrInvalidOption, window)
@@ -85,13 +143,16 @@ func NewSourceFor(ctx context.Context, js jetstream.JetStream, stream string, cf
 	if err != nil {
 		return nil, err
 	}
-	return NewSource(cons, opts)
+	return NewSource(js, cons, opts)
 }
+
+// Consumer returns the wrapped JetStream consumer.
+func (s *Source) Consumer() jetstream.Consumer { return s.cons }
 
 // AckWait returns the consumer's AckWait, so the consumer keeps long
 // handlers alive with InProgress.
 func (s *Source) AckWait() time.Duration {
-	if info := s.CachedInfo(); info != nil {
+	if info := s.cons.CachedInfo(); info != nil {
 		if info.Config.AckWait > 0 {
 			return info.Config.AckWait
 		}
@@ -99,10 +160,50 @@ func (s *Source) AckWait() time.Duration {
 	return 30 * time.Second // the server default
 }
 
-// Fetch asks the server for up to maxMessages messages totalling at most
-// maxBytes and waits at most PollWait. When the next message alone is larger
-// than maxBytes, it fetches that one message without a byte limit and
-// returns it alone.
+// Close drops the Source's reply subscription. Fetch then returns
+// consumer.ErrClosed. Deliveries already handed out can still be settled.
+func (s *Source) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closed = true
+	if s.sub != nil {
+		err := s.sub.Unsubscribe()
+		s.sub = nil
+		if errors.Is(err, nats.ErrConnectionClosed) || errors.Is(err, nats.ErrBadSubscription) {
+			return nil
+		}
+		return err
+	}
+	return nil
+}
+
+// subscription returns the reply subscription, made on first use.
+func (s *Source) subscription() (*nats.Subscription, string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, "", consumer.ErrClosed
+	}
+	if s.sub == nil || !s.sub.IsValid() {
+		inbox := s.nc.NewInbox()
+		sub, err := s.nc.SubscribeSync(inbox + ".*")
+		if err != nil {
+			if errors.Is(err, nats.ErrConnectionClosed) {
+				return nil, "", fmt.Errorf("natsadapter: %w: %w", consumer.ErrClosed, err)
+			}
+			return nil, "", err
+		}
+		s.sub, s.inbox = sub, inbox
+	}
+	s.seq++
+	return s.sub, s.inbox + "." + strconv.FormatUint(s.seq, 36), nil
+}
+
+// Fetch sends one pull request for up to maxMessages messages totalling at
+// most maxBytes and returns what the server delivers for it. When the next
+// message alone is larger than maxBytes (the server answers 409 Message
+// Size Exceeds MaxBytes before delivering anything), it pulls that one
+// message without a byte limit and returns it alone.
 func (s *Source) Fetch(ctx context.Context, maxMessages int, maxBytes int64) ([]*consumer.Message, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -110,75 +211,145 @@ func (s *Source) Fetch(ctx context.Context, maxMessages int, maxBytes int64) ([]
 	if maxMessages <= 0 {
 		return nil, nil
 	}
-	start := time.Now()
-	var opts []jetstream.FetchOpt
-	if maxBytes > 0 {
-		opts = append(opts, jetstream.FetchMaxBytes(int(min(maxBytes, int64(1<<31-1)))))
+	msgs, tooBig, err := s.pull(ctx, maxMessages, maxBytes)
+	if tooBig && len(msgs) == 0 && err == nil {
+		msgs, _, err = s.pull(ctx, 1, 0)
 	}
-	msgs, err := s.fetch(ctx, maxMessages, opts)
-	if err != nil || len(msgs) > 0 || ctx.Err() != nil {
-		return msgs, s.ctxErr(ctx, err)
-	}
-	// An empty answer well before PollWait means the server turned the
-	// request down: the next message does not fit in maxBytes (409 Message
-	// Size Exceeds MaxBytes, which the client swallows). Fetch it alone.
-	if maxBytes > 0 && time.Since(start) < s.opts.PollWait/2 {
-		msgs, err = s.fetch(ctx, 1, nil)
-		return msgs, s.ctxErr(ctx, err)
-	}
-	return nil, s.ctxErr(ctx, nil)
+	return msgs, err
 }
 
-func (s *Source) ctxErr(ctx context.Context, err error) error {
-	if cerr := ctx.Err(); cerr != nil {
-		return cerr
-	}
-	return err
+type pullRequest struct {
+	Batch    int   `json:"batch"`
+	MaxBytes int64 `json:"max_bytes,omitempty"`
+	Expires  int64 `json:"expires"`
+	NoWait   bool  `json:"no_wait"`
 }
 
-// fetch sends one pull request bounded by PollWait. FetchMaxWait and
-// FetchContext are exclusive in nats.go, so the wait is a context deadline.
-func (s *Source) fetch(ctx context.Context, n int, opts []jetstream.FetchOpt) ([]*consumer.Message, error) {
-	fctx, cancel := context.WithTimeout(ctx, s.opts.PollWait)
-	defer cancel()
-	batch, err := s.Consumer.Fetch(n, append(opts, jetstream.FetchContext(fctx))...)
+func (s *Source) pull(ctx context.Context, n int, maxBytes int64) (out []*consumer.Message, tooBig bool, err error) {
+	sub, reply, err := s.subscription()
 	if err != nil {
-		if errors.Is(err, jetstream.ErrNoMessages) || errors.Is(err, context.DeadlineExceeded) {
-			return nil, nil
+		return nil, false, err
+	}
+	// Encoded by hand: it is three numbers, on every pull.
+	req := make([]byte, 0, 96)
+	req = append(req, `{"batch":`...)
+	req = strconv.AppendInt(req, int64(n), 10)
+	if maxBytes > 0 {
+		req = append(req, `,"max_bytes":`...)
+		req = strconv.AppendInt(req, maxBytes, 10)
+	}
+	req = append(req, `,"expires":`...)
+	req = strconv.AppendInt(req, int64(s.opts.PollWait), 10)
+	req = append(req, `,"no_wait":true}`...)
+	if err := s.nc.PublishRequest(s.next, reply, req); err != nil {
+		return nil, false, s.connErr(err)
+	}
+	// The server ends the request itself (a status, the count, or the
+	// bytes); the deadline only covers a request lost with a connection.
+	wctx, cancel := context.WithTimeout(ctx, s.opts.PollWait+s.opts.PollWait/2)
+	defer cancel()
+	var got int64 // bytes as the server counts them
+	for len(out) < n {
+		m, err := sub.NextMsgWithContext(wctx)
+		if err != nil {
+			if cerr := ctx.Err(); cerr != nil {
+				// Shutting down: take what already arrived, so the
+				// consumer hands it back now rather than after AckWait.
+				for len(out) < n {
+					m, err := sub.NextMsg(time.Millisecond)
+					if err != nil {
+						break
+					}
+					if len(m.Data) > 0 || m.Header.Get("Status") == "" {
+						out = append(out, s.convert(m))
+					}
+				}
+				return out, false, cerr
+			}
+			if errors.Is(err, context.DeadlineExceeded) {
+				return out, false, nil
+			}
+			return out, false, s.connErr(err)
 		}
-		return nil, err
-	}
-	var out []*consumer.Message
-	for m := range batch.Messages() {
+		if st := m.Header.Get("Status"); st != "" && len(m.Data) == 0 {
+			if m.Subject != reply {
+				continue // the end of an earlier request that was given up
+			}
+			switch st {
+			case "100": // idle heartbeat
+				continue
+			case "404", "408": // nothing (more) now; expired
+				return out, false, nil
+			case "409":
+				d := m.Header.Get("Description")
+				if d == "Message Size Exceeds MaxBytes" {
+					return out, len(out) == 0, nil
+				}
+				return out, false, fmt.Errorf("%w: 409 %s", ErrPull, d)
+			default:
+				return out, false, fmt.Errorf("%w: %s %s", ErrPull, st, m.Header.Get("Description"))
+			}
+		}
+		// Deliveries carry the stream subject, not the reply: a late one
+		// for an earlier, given-up request (its connection dropped) is
+		// taken as part of this one. It was asked for by this route's
+		// window too, so it is at most one batch over, and the consumer
+		// charges it like any other.
 		out = append(out, s.convert(m))
+		if maxBytes > 0 {
+			// At exactly maxBytes the server ends the request without a
+			// status; count the way it does (subject, reply, header, data).
+			got += int64(len(m.Subject)+len(m.Reply)+len(m.Data)) + headerLen(m.Header)
+			if got >= maxBytes {
+				return out, false, nil
+			}
+		}
 	}
-	if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) &&
-		!errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
-		// Messages already delivered are returned too: the consumer
-		// settles them.
-		return out, err
-	}
-	return out, nil
+	return out, false, nil
 }
 
-func (s *Source) convert(m jetstream.Msg) *consumer.Message {
-	data := m.Data()
-	hdr := m.Headers()
-	cm := &consumer.Message{
-		Topic:   m.Subject(),
-		Value:   data,
-		Headers: consumer.Headers(hdr),
-		Acker:   &acker{m: m, async: s.opts.AckAsync},
-		Origin:  dlq.Origin{Topic: m.Subject(), Stream: s.stream, Group: s.name, Partition: -1},
+// headerLen is the wire length of h as nats.go encodes it.
+func headerLen(h nats.Header) int64 {
+	if len(h) == 0 {
+		return 0
 	}
+	n := len("NATS/1.0\r\n") + len("\r\n")
+	for k, vs := range h {
+		for _, v := range vs {
+			n += len(k) + len(": ") + len(v) + len("\r\n")
+		}
+	}
+	return int64(n)
+}
+
+func (s *Source) connErr(err error) error {
+	if errors.Is(err, nats.ErrConnectionClosed) || errors.Is(err, nats.ErrBadSubscription) {
+		s.mu.Lock()
+		closed := s.closed
+		s.mu.Unlock()
+		if closed || s.nc.IsClosed() {
+			return fmt.Errorf("natsadapter: %w: %w", consumer.ErrClosed, err)
+		}
+	}
+	return fmt.Errorf("natsadapter: pull: %w", err)
+}
+
+func (s *Source) convert(m *nats.Msg) *consumer.Message {
+	a := &acker{m: m, nc: s.nc, async: s.opts.AckAsync}
+	cm := &a.msg
+	cm.Topic = m.Subject
+	cm.Value = m.Data
+	cm.Headers = consumer.Headers(m.Header)
+	cm.Acker = a
+	cm.Origin = dlq.Origin{Topic: m.Subject, Stream: s.stream, Group: s.name, Partition: -1}
 	if cm.Headers == nil {
 		cm.Headers = consumer.Headers{}
 	}
 	if v := cm.Headers.Get(s.opts.KeyHeader); v != "" {
 		cm.Key = []byte(v)
 	}
-	size := int64(len(data))
-	for k, vs := range hdr {
+	size := int64(len(m.Data))
+	for k, vs := range m.Header {
 		for _, v := range vs {
 			size += int64(len(k) + len(v))
 		}
@@ -198,8 +369,11 @@ func (s *Source) convert(m jetstream.Msg) *consumer.Message {
 	return cm
 }
 
+// acker settles one delivery; the Message shares its allocation.
 type acker struct {
-	m     jetstream.Msg
+	msg   consumer.Message
+	m     *nats.Msg
+	nc    *nats.Conn
 	async bool
 }
 
@@ -207,7 +381,7 @@ func (a *acker) Ack(ctx context.Context) error {
 	if a.async {
 		return a.m.Ack()
 	}
-	return a.m.DoubleAck(ctx)
+	return a.m.AckSync(nats.Context(ctx))
 }
 
 func (a *acker) Nak(_ context.Context, delay time.Duration) error {
@@ -217,11 +391,17 @@ func (a *acker) Nak(_ context.Context, delay time.Duration) error {
 	return a.m.NakWithDelay(delay)
 }
 
+// Term terminates the delivery. nats.Msg.Term carries no reason, so the
+// +TERM with a reason is published directly (the reason shows up in the
+// server's advisory).
 func (a *acker) Term(_ context.Context, reason string) error {
 	if reason == "" {
 		return a.m.Term()
 	}
-	return a.m.TermWithReason(reason)
+	if a.m.Reply == "" {
+		return nats.ErrMsgNoReply
+	}
+	return a.nc.Publish(a.m.Reply, []byte("+TERM "+reason))
 }
 
 func (a *acker) InProgress(context.Context) error { return a.m.InProgress() }
