@@ -367,3 +367,39 @@ func TestDeadLetterSinkDedupes(t *testing.T) {
 		t.Fatalf("letter %+v, err %v", got, err)
 	}
 }
+
+func TestParseAckSubject(t *testing.T) {
+	nc := natstest.JetStream(t)
+	ctx := context.Background()
+	if _, err := nc.CreateStream(ctx, jetstream.StreamConfig{Name: "META", Subjects: []string{"meta.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if _, err := nc.Publish(ctx, "meta.x", []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	src, err := natsadapter.NewSourceFor(ctx, nc, "META", jetstream.ConsumerConfig{Durable: "m"}, 10, natsadapter.SourceOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs, err := src.Fetch(ctx, 10, 1<<20)
+	if err != nil || len(msgs) != 2 {
+		t.Fatalf("fetch: %d msgs, %v", len(msgs), err)
+	}
+	// Our parse must agree with nats.go's own on a live ack subject.
+	for i, m := range msgs {
+		md, err := natsadapter.MetadataOf(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.Origin.Sequence != md.Sequence.Stream || m.Attempt != int(md.NumDelivered) ||
+			!m.PublishedAt.Equal(md.Timestamp) || m.Origin.Stream != md.Stream || m.Origin.Group != md.Consumer {
+			t.Errorf("msg %d: parsed %+v/%d/%v, nats.go says %+v", i, m.Origin, m.Attempt, m.PublishedAt, md)
+		}
+		if m.Origin.Sequence != uint64(i+1) || m.Attempt != 1 || m.Topic != "meta.x" {
+			t.Errorf("msg %d: seq %d attempt %d topic %q", i, m.Origin.Sequence, m.Attempt, m.Topic)
+		}
+		_ = m.Acker.Ack(ctx)
+	}
+}

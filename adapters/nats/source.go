@@ -342,9 +342,6 @@ func (s *Source) convert(m *nats.Msg) *consumer.Message {
 	cm.Headers = consumer.Headers(m.Header)
 	cm.Acker = a
 	cm.Origin = dlq.Origin{Topic: m.Subject, Stream: s.stream, Group: s.name, Partition: -1}
-	if cm.Headers == nil {
-		cm.Headers = consumer.Headers{}
-	}
 	if v := cm.Headers.Get(s.opts.KeyHeader); v != "" {
 		cm.Key = []byte(v)
 	}
@@ -355,16 +352,12 @@ func (s *Source) convert(m *nats.Msg) *consumer.Message {
 		}
 	}
 	cm.Size = max(size, 1)
-	if md, err := m.Metadata(); err == nil {
-		cm.PublishedAt = md.Timestamp
-		cm.Attempt = int(md.NumDelivered)
-		cm.Origin.Sequence = md.Sequence.Stream
-		if md.Stream != "" {
-			cm.Origin.Stream = md.Stream
-		}
-		if md.Consumer != "" {
-			cm.Origin.Group = md.Consumer
-		}
+	if md, ok := parseAck(m.Reply); ok {
+		cm.PublishedAt = md.timestamp
+		cm.Attempt = int(md.delivered)
+		cm.Origin.Sequence = md.streamSeq
+		cm.Origin.Stream = md.stream
+		cm.Origin.Group = md.consumer
 	}
 	return cm
 }
@@ -405,3 +398,14 @@ func (a *acker) Term(_ context.Context, reason string) error {
 }
 
 func (a *acker) InProgress(context.Context) error { return a.m.InProgress() }
+
+// MetadataOf returns the JetStream metadata of a message this package's
+// Source delivered (as nats.go parses it), for handlers that need more than
+// Message.Attempt, PublishedAt and Origin.
+func MetadataOf(m *consumer.Message) (*nats.MsgMetadata, error) {
+	a, ok := m.Acker.(*acker)
+	if !ok {
+		return nil, fmt.Errorf("%w: not a natsadapter delivery", consumer.ErrInvalidOption)
+	}
+	return a.m.Metadata()
+}
