@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -94,7 +95,16 @@ func TestLedgerNothingLost(t *testing.T) {
 	var mu sync.Mutex
 	acked := map[int]int{}
 	var dups atomic.Int64
+	// done[seq] is set when the handler succeeded or the dead letter was
+	// written; an ack watcher on another connection checks that every
+	// +ACK / +TERM it sees on $JS.ACK.> comes after that.
+	var done sync.Map
+	obs := watchAcks(t, js, "WORK", func(kind string, seq uint64) bool {
+		_, ok := done.Load(seq)
+		return ok
+	})
 	h := func(_ context.Context, m *consumer.Message) error {
+		time.Sleep(time.Duration(rand.IntN(200)) * time.Microsecond)
 		id, _ := strconv.Atoi(m.Headers.Get("Id"))
 		switch {
 		case id%997 == 0:
@@ -108,10 +118,18 @@ func TestLedgerNothingLost(t *testing.T) {
 			dups.Add(1)
 		}
 		mu.Unlock()
+		done.Store(m.Origin.Sequence, true)
 		return nil
 	}
+	dead := dlq.SinkFunc(func(ctx context.Context, l *dlq.Letter) error {
+		err := sink.Write(ctx, l)
+		if err == nil {
+			done.Store(l.Origin.Sequence, true)
+		}
+		return err
+	})
 	c, err := consumer.New(consumer.Options{}, consumer.Route{Name: "ledger", Source: src, Handler: h,
-		Workers: 8, MaxInFlight: 64, MaxInFlightBytes: 1 << 20, DeadLetter: sink, Group: "ledger",
+		Workers: 8, MaxInFlight: 64, MaxInFlightBytes: 1 << 20, DeadLetter: dead, Group: "ledger",
 		Retry: consumer.RetryPolicy{MaxAttempts: 10, BaseDelay: time.Millisecond, MaxDelay: 10 * time.Millisecond}})
 	if err != nil {
 		t.Fatal(err)
@@ -134,8 +152,8 @@ func TestLedgerNothingLost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dead := map[int]bool{}
-	for len(dead) < poison {
+	deadIDs := map[int]bool{}
+	for len(deadIDs) < poison {
 		b, err := dcons.Fetch(poison, jetstream.FetchMaxWait(2*time.Second))
 		if err != nil {
 			t.Fatal(err)
@@ -152,7 +170,7 @@ func TestLedgerNothingLost(t *testing.T) {
 				l.Origin.Group != "ledger" || l.Route != "ledger" || l.Origin.Topic != "work.x" || string(l.Value) != strconv.Itoa(id) {
 				t.Fatalf("bad letter %+v", l)
 			}
-			dead[id] = true
+			deadIDs[id] = true
 		}
 		if got == 0 {
 			break
@@ -162,8 +180,8 @@ func TestLedgerNothingLost(t *testing.T) {
 	defer mu.Unlock()
 	for i := 0; i < n; i++ {
 		if i%997 == 0 {
-			if !dead[i] || acked[i] > 0 {
-				t.Fatalf("poison %d: dead %v acked %d", i, dead[i], acked[i])
+			if !deadIDs[i] || acked[i] > 0 {
+				t.Fatalf("poison %d: dead %v acked %d", i, deadIDs[i], acked[i])
 			}
 		} else if acked[i] == 0 {
 			t.Fatalf("message %d lost", i)
@@ -176,7 +194,71 @@ func TestLedgerNothingLost(t *testing.T) {
 	if info.NumAckPending != 0 || info.NumPending != 0 {
 		t.Fatalf("consumer not drained: ack pending %d, pending %d", info.NumAckPending, info.NumPending)
 	}
-	t.Logf("duplicates: %d, dead letters: %d", dups.Load(), len(dead))
+	obs.wait(t, n-poison, poison)
+	t.Logf("duplicates: %d, dead letters: %d, acks seen %d, terms seen %d", dups.Load(), len(deadIDs), obs.acks.Load(), obs.terms.Load())
+}
+
+// ackWatch counts the acks of one stream as the server receives them.
+type ackWatch struct {
+	acks, terms, early atomic.Int64
+	firstEarly         atomic.Value
+}
+
+// watchAcks subscribes to $JS.ACK.<stream>.> on its own connection and
+// calls settled for every +ACK and +TERM: it must already hold for that
+// stream sequence, or the ack came before the work was done.
+func watchAcks(t *testing.T, js jetstream.JetStream, stream string, settled func(kind string, seq uint64) bool) *ackWatch {
+	t.Helper()
+	nc, err := nats.Connect(js.Conn().ConnectedUrl())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	w := &ackWatch{}
+	_, err = nc.Subscribe("$JS.ACK."+stream+".>", func(m *nats.Msg) {
+		kind := string(m.Data)
+		if i := strings.IndexByte(kind, ' '); i >= 0 {
+			kind = kind[:i]
+		}
+		if kind != "+ACK" && kind != "+TERM" {
+			return
+		}
+		tok := strings.Split(m.Subject, ".")
+		seq, _ := strconv.ParseUint(tok[5], 10, 64) // $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>...
+		if kind == "+ACK" {
+			w.acks.Add(1)
+		} else {
+			w.terms.Add(1)
+		}
+		if !settled(kind, seq) {
+			if w.early.Add(1) == 1 {
+				w.firstEarly.Store(kind + " " + strconv.FormatUint(seq, 10))
+			}
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+// wait checks that the watcher saw at least acks +ACKs and terms +TERMs,
+// none of them early.
+func (w *ackWatch) wait(t *testing.T, acks, terms int) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for w.acks.Load() < int64(acks) || w.terms.Load() < int64(terms) {
+		if time.Now().After(deadline) {
+			t.Fatalf("ack watcher saw %d +ACK (want %d), %d +TERM (want %d)", w.acks.Load(), acks, w.terms.Load(), terms)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := w.early.Load(); n > 0 {
+		t.Fatalf("%d acks reached the server before their work was done, first: %v", n, w.firstEarly.Load())
+	}
 }
 
 func TestWindowBound(t *testing.T) {

@@ -15,10 +15,14 @@ import (
 // Run starts a JetStream-enabled server on 127.0.0.1 with a random port,
 // storing streams in storeDir. The caller shuts it down with Shutdown and
 // WaitForShutdown.
-func Run(storeDir string) (*server.Server, error) {
+func Run(storeDir string) (*server.Server, error) { return RunAt(storeDir, -1) }
+
+// RunAt is Run on a given port (-1: random). Restarting a server on the
+// same store dir and port lets a client reconnect and find its streams.
+func RunAt(storeDir string, port int) (*server.Server, error) {
 	opts := &server.Options{
 		Host:      "127.0.0.1",
-		Port:      -1,
+		Port:      port,
 		JetStream: true,
 		StoreDir:  storeDir,
 		NoLog:     true,
