@@ -28,6 +28,11 @@ type SourceOptions struct {
 	// KeyHeader names the header whose value becomes Message.Key. ""
 	// means Nats-Msg-Id.
 	KeyHeader string
+	// AckTimeout bounds a confirmed ack when the caller's ctx has no
+	// deadline: a reply lost with a connection must not hold a worker (and
+	// its window slot) forever. The delivery is then redelivered after
+	// AckWait. 0 means 5 s.
+	AckTimeout time.Duration
 }
 
 // ErrPull wraps a pull request the server refused for a reason other than
@@ -87,6 +92,12 @@ func NewSource(js jetstream.JetStream, cons jetstream.Consumer, opts SourceOptio
 	}
 	if opts.KeyHeader == "" {
 		opts.KeyHeader = jetstream.MsgIDHeader
+	}
+	if opts.AckTimeout < 0 {
+		return nil, fmt.Errorf("%w: AckTimeout %v is negative", consumer.ErrInvalidOption, opts.AckTimeout)
+	}
+	if opts.AckTimeout == 0 {
+		opts.AckTimeout = 5 * time.Second
 	}
 	info := cons.CachedInfo()
 	if info == nil {
@@ -335,7 +346,7 @@ func (s *Source) connErr(err error) error {
 }
 
 func (s *Source) convert(m *nats.Msg) *consumer.Message {
-	a := &acker{m: m, nc: s.nc, async: s.opts.AckAsync}
+	a := &acker{m: m, src: s}
 	cm := &a.msg
 	cm.Topic = m.Subject
 	cm.Value = m.Data
@@ -365,16 +376,18 @@ func (s *Source) convert(m *nats.Msg) *consumer.Message {
 // acker settles one delivery; the Message shares its allocation.
 type acker struct {
 	msg   consumer.Message
-	m     *nats.Msg
-	nc    *nats.Conn
-	async bool
+	m   *nats.Msg
+	src *Source
 }
 
 func (a *acker) Ack(ctx context.Context) error {
-	if a.async {
+	if a.src.opts.AckAsync {
 		return a.m.Ack()
 	}
-	return a.m.AckSync(nats.Context(ctx))
+	if _, ok := ctx.Deadline(); ok {
+		return a.m.AckSync(nats.Context(ctx))
+	}
+	return a.m.AckSync(nats.AckWait(a.src.opts.AckTimeout))
 }
 
 func (a *acker) Nak(_ context.Context, delay time.Duration) error {
@@ -394,7 +407,7 @@ func (a *acker) Term(_ context.Context, reason string) error {
 	if a.m.Reply == "" {
 		return nats.ErrMsgNoReply
 	}
-	return a.nc.Publish(a.m.Reply, []byte("+TERM "+reason))
+	return a.src.nc.Publish(a.m.Reply, []byte("+TERM "+reason))
 }
 
 func (a *acker) InProgress(context.Context) error { return a.m.InProgress() }
