@@ -375,7 +375,7 @@ func (s *Source) convert(m *nats.Msg) *consumer.Message {
 
 // acker settles one delivery; the Message shares its allocation.
 type acker struct {
-	msg   consumer.Message
+	msg consumer.Message
 	m   *nats.Msg
 	src *Source
 }
