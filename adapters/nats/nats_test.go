@@ -427,7 +427,8 @@ func TestDeadLetterSinkDedupes(t *testing.T) {
 		t.Fatal(err)
 	}
 	l := &dlq.Letter{Value: []byte("v"), Route: "r.1", Class: dlq.ClassPermanent, Err: "boom", Attempts: 2,
-		Origin: dlq.Origin{Stream: "WORK", Sequence: 42, Partition: -1}}
+		Headers: map[string][]string{jetstream.MsgIDHeader: {"order-7"}},
+		Origin:  dlq.Origin{Stream: "WORK", Sequence: 42, Partition: -1}}
 	for range 3 {
 		if err := sink.Write(ctx, l); err != nil {
 			t.Fatal(err)
@@ -447,6 +448,16 @@ func TestDeadLetterSinkDedupes(t *testing.T) {
 	got, err := dlq.Decode(nil, m.Data, m.Header)
 	if err != nil || got.Origin.Sequence != 42 || got.Attempts != 2 || got.Route != "r.1" {
 		t.Fatalf("letter %+v, err %v", got, err)
+	}
+	// The producer's id is kept; the letter's own id is the DLQ dedup id.
+	if id := m.Header.Get(natsadapter.HeaderOriginalMsgID); id != "order-7" {
+		t.Fatalf("original msg id %q", id)
+	}
+	if id := m.Header.Get(jetstream.MsgIDHeader); id != "WORK:42:2" {
+		t.Fatalf("letter msg id %q", id)
+	}
+	if l.Headers[jetstream.MsgIDHeader][0] != "order-7" {
+		t.Fatal("Write modified the letter's headers")
 	}
 }
 

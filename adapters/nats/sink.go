@@ -73,9 +73,18 @@ func (s *DeadLetterSink) Subject(route string) string {
 	return s.prefix + "." + sanitize(route)
 }
 
+// HeaderOriginalMsgID keeps the producer's Nats-Msg-Id on a dead letter:
+// the letter's own Nats-Msg-Id is the dedup id of the DLQ write.
+const HeaderOriginalMsgID = dlq.HeaderPrefix + "Original-Msg-Id"
+
 // Write publishes l and waits for the PubAck.
 func (s *DeadLetterSink) Write(ctx context.Context, l *dlq.Letter) error {
-	msg := &nats.Msg{Subject: s.Subject(l.Route), Data: l.Value, Header: nats.Header(l.EnvelopeHeaders())}
+	h := nats.Header(l.EnvelopeHeaders())
+	if id := h.Get(jetstream.MsgIDHeader); id != "" {
+		h.Set(HeaderOriginalMsgID, id)
+		h.Del(jetstream.MsgIDHeader)
+	}
+	msg := &nats.Msg{Subject: s.Subject(l.Route), Data: l.Value, Header: h}
 	id := fmt.Sprintf("%s:%d:%d", l.Origin.Stream, l.Origin.Sequence, l.Attempts)
 	if _, err := s.js.PublishMsg(ctx, msg, jetstream.WithMsgID(id)); err != nil {
 		return fmt.Errorf("natsadapter: dead letter: %w", err)
