@@ -65,8 +65,11 @@ type Source struct {
 	mu     sync.Mutex
 	sub    *nats.Subscription
 	inbox  string
-	seq    uint64
 	closed bool
+
+	// Used by the fetch loop only.
+	seq uint64
+	req openRequest
 }
 
 var (
@@ -189,32 +192,47 @@ func (s *Source) Close() error {
 }
 
 // subscription returns the reply subscription, made on first use.
-func (s *Source) subscription() (*nats.Subscription, string, error) {
+func (s *Source) subscription() (*nats.Subscription, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return nil, "", consumer.ErrClosed
+		return nil, consumer.ErrClosed
 	}
 	if s.sub == nil || !s.sub.IsValid() {
 		inbox := s.nc.NewInbox()
 		sub, err := s.nc.SubscribeSync(inbox + ".*")
 		if err != nil {
 			if errors.Is(err, nats.ErrConnectionClosed) {
-				return nil, "", fmt.Errorf("natsadapter: %w: %w", consumer.ErrClosed, err)
+				return nil, fmt.Errorf("natsadapter: %w: %w", consumer.ErrClosed, err)
 			}
-			return nil, "", err
+			return nil, err
 		}
 		s.sub, s.inbox = sub, inbox
+		s.req = openRequest{}
 	}
-	s.seq++
-	return s.sub, s.inbox + "." + strconv.FormatUint(s.seq, 36), nil
+	return s.sub, nil
 }
 
-// Fetch sends one pull request for up to maxMessages messages totalling at
-// most maxBytes and returns what the server delivers for it. When the next
-// message alone is larger than maxBytes (the server answers 409 Message
-// Size Exceeds MaxBytes before delivering anything), it pulls that one
-// message without a byte limit and returns it alone.
+// openRequest is the pull request still being served: what the server may
+// still deliver for it. At most one is open; it was sized from free window
+// capacity that stays free until its messages arrive, so the route's window
+// always covers held messages plus what is still on its way.
+type openRequest struct {
+	reply    string
+	msgs     int
+	bytes    int64 // as the server counts them; 0: no byte limit
+	limited  bool
+	deadline time.Time // when to give up on it (connection lost)
+}
+
+// Fetch returns deliveries of one pull request for up to maxMessages
+// messages totalling at most maxBytes. It sends the request, waits for the
+// first delivery (at most PollWait), and returns what has arrived by then;
+// the rest of the same request streams into the next Fetch calls, which
+// send a new request only once it is over. When the next message alone is
+// larger than maxBytes (the server answers 409 Message Size Exceeds
+// MaxBytes before delivering anything), it pulls that one message without a
+// byte limit and returns it alone.
 func (s *Source) Fetch(ctx context.Context, maxMessages int, maxBytes int64) ([]*consumer.Message, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -229,18 +247,9 @@ func (s *Source) Fetch(ctx context.Context, maxMessages int, maxBytes int64) ([]
 	return msgs, err
 }
 
-type pullRequest struct {
-	Batch    int   `json:"batch"`
-	MaxBytes int64 `json:"max_bytes,omitempty"`
-	Expires  int64 `json:"expires"`
-	NoWait   bool  `json:"no_wait"`
-}
-
-func (s *Source) pull(ctx context.Context, n int, maxBytes int64) (out []*consumer.Message, tooBig bool, err error) {
-	sub, reply, err := s.subscription()
-	if err != nil {
-		return nil, false, err
-	}
+func (s *Source) send(n int, maxBytes int64) error {
+	s.seq++
+	reply := s.inbox + "." + strconv.FormatUint(s.seq, 36)
 	// Encoded by hand: it is three numbers, on every pull.
 	req := make([]byte, 0, 96)
 	req = append(req, `{"batch":`...)
@@ -253,15 +262,40 @@ func (s *Source) pull(ctx context.Context, n int, maxBytes int64) (out []*consum
 	req = strconv.AppendInt(req, int64(s.opts.PollWait), 10)
 	req = append(req, `,"no_wait":true}`...)
 	if err := s.nc.PublishRequest(s.next, reply, req); err != nil {
-		return nil, false, s.connErr(err)
+		return s.connErr(err)
 	}
+	s.req = openRequest{reply: reply, msgs: n, bytes: maxBytes, limited: maxBytes > 0,
+		deadline: time.Now().Add(s.opts.PollWait + s.opts.PollWait/2)}
+	return nil
+}
+
+func (s *Source) pull(ctx context.Context, n int, maxBytes int64) (out []*consumer.Message, tooBig bool, err error) {
+	sub, err := s.subscription()
+	if err != nil {
+		return nil, false, err
+	}
+	if s.req.msgs == 0 {
+		if err := s.send(n, maxBytes); err != nil {
+			return nil, false, err
+		}
+	}
+	// The open request was sized from capacity that is still free, so it
+	// never brings more than asked now; cap anyway.
+	n = min(n, s.req.msgs)
 	// The server ends the request itself (a status, the count, or the
 	// bytes); the deadline only covers a request lost with a connection.
-	wctx, cancel := context.WithTimeout(ctx, s.opts.PollWait+s.opts.PollWait/2)
+	wctx, cancel := context.WithDeadline(ctx, s.req.deadline)
 	defer cancel()
-	var got int64 // bytes as the server counts them
 	for len(out) < n {
-		m, err := sub.NextMsgWithContext(wctx)
+		var m *nats.Msg
+		if len(out) > 0 {
+			// Hand over what has arrived; the rest of this request comes
+			// with the next call, while the workers are busy.
+			if pending, _, _ := sub.Pending(); pending == 0 {
+				return out, false, nil
+			}
+		}
+		m, err = sub.NextMsgWithContext(wctx)
 		if err != nil {
 			if cerr := ctx.Err(); cerr != nil {
 				// Shutting down: take what already arrived, so the
@@ -275,29 +309,34 @@ func (s *Source) pull(ctx context.Context, n int, maxBytes int64) (out []*consum
 						out = append(out, s.convert(m))
 					}
 				}
+				s.req = openRequest{}
 				return out, false, cerr
 			}
+			s.req = openRequest{}
 			if errors.Is(err, context.DeadlineExceeded) {
 				return out, false, nil
 			}
 			return out, false, s.connErr(err)
 		}
 		if st := m.Header.Get("Status"); st != "" && len(m.Data) == 0 {
-			if m.Subject != reply {
+			if m.Subject != s.req.reply {
 				continue // the end of an earlier request that was given up
 			}
 			switch st {
 			case "100": // idle heartbeat
 				continue
 			case "404", "408": // nothing (more) now; expired
+				s.req = openRequest{}
 				return out, false, nil
 			case "409":
+				s.req = openRequest{}
 				d := m.Header.Get("Description")
 				if d == "Message Size Exceeds MaxBytes" {
 					return out, len(out) == 0, nil
 				}
 				return out, false, fmt.Errorf("%w: 409 %s", ErrPull, d)
 			default:
+				s.req = openRequest{}
 				return out, false, fmt.Errorf("%w: %s %s", ErrPull, st, m.Header.Get("Description"))
 			}
 		}
@@ -307,13 +346,18 @@ func (s *Source) pull(ctx context.Context, n int, maxBytes int64) (out []*consum
 		// window too, so it is at most one batch over, and the consumer
 		// charges it like any other.
 		out = append(out, s.convert(m))
-		if maxBytes > 0 {
+		s.req.msgs--
+		if s.req.limited {
 			// At exactly maxBytes the server ends the request without a
 			// status; count the way it does (subject, reply, header, data).
-			got += int64(len(m.Subject)+len(m.Reply)+len(m.Data)) + headerLen(m.Header)
-			if got >= maxBytes {
-				return out, false, nil
+			s.req.bytes -= int64(len(m.Subject)+len(m.Reply)+len(m.Data)) + headerLen(m.Header)
+			if s.req.bytes <= 0 {
+				s.req = openRequest{}
 			}
+		}
+		if s.req.msgs <= 0 {
+			s.req = openRequest{}
+			return out, false, nil
 		}
 	}
 	return out, false, nil
