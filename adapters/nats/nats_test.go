@@ -496,3 +496,64 @@ func TestParseAckSubject(t *testing.T) {
 		_ = m.Acker.Ack(ctx)
 	}
 }
+
+// A batch the stream cannot fill is handed over at once, not after
+// PollWait: the pull is no_wait with an expiry.
+func TestPartialBatchNotHeldForPollWait(t *testing.T) {
+	ctx, js := setup(t, 0)
+	src, err := natsadapter.NewSourceFor(ctx, js, "WORK", jetstream.ConsumerConfig{Durable: "lat"}, 64,
+		natsadapter.SourceOptions{PollWait: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	handled := make(chan time.Time, 16)
+	c, err := consumer.New(consumer.Options{}, consumer.Route{Name: "lat", Source: src, Workers: 2, MaxInFlight: 64, MaxInFlightBytes: 1 << 20,
+		Handler: func(context.Context, *consumer.Message) error { handled <- time.Now(); return nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	errc := make(chan error, 1)
+	go func() { errc <- c.Run(runCtx) }()
+	defer func() {
+		cancel()
+		if err := <-errc; err != nil {
+			t.Error(err)
+		}
+	}()
+	for round := range 3 {
+		start := time.Now()
+		publish(t, ctx, js, 3) // far below the 64-message pull
+		for range 3 {
+			select {
+			case at := <-handled:
+				if d := at.Sub(start); d > 2*time.Second {
+					t.Fatalf("round %d: handled after %v", round, d)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatalf("round %d: not handled within 5s (PollWait is 10s)", round)
+			}
+		}
+	}
+}
+
+func TestNewSourceChecksWrappedConsumer(t *testing.T) {
+	ctx, js := setup(t, 0)
+	cons, err := js.CreateOrUpdateConsumer(ctx, "WORK", jetstream.ConsumerConfig{Durable: "theirs", AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := natsadapter.NewSource(js, cons, natsadapter.SourceOptions{Window: 64}); !errors.Is(err, consumer.ErrInvalidOption) {
+		t.Fatalf("MaxAckPending 8 under window 64: %v", err)
+	}
+	if _, err := natsadapter.NewSource(js, cons, natsadapter.SourceOptions{Window: 8}); err != nil {
+		t.Fatal(err)
+	}
+	none, err := js.CreateOrUpdateConsumer(ctx, "WORK", jetstream.ConsumerConfig{Durable: "noack", AckPolicy: jetstream.AckNonePolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := natsadapter.NewSource(js, none, natsadapter.SourceOptions{}); !errors.Is(err, consumer.ErrInvalidOption) {
+		t.Fatalf("AckPolicy none: %v", err)
+	}
+}

@@ -28,6 +28,10 @@ type SourceOptions struct {
 	// KeyHeader names the header whose value becomes Message.Key. ""
 	// means Nats-Msg-Id.
 	KeyHeader string
+	// Window, when > 0, is the route's MaxInFlight: NewSource then refuses
+	// a consumer whose MaxAckPending is below it (the server would stall
+	// the route under its window). NewSourceFor sets it.
+	Window int
 	// AckTimeout bounds a confirmed ack when the caller's ctx has no
 	// deadline: a reply lost with a connection must not hold a worker (and
 	// its window slot) forever. The delivery is then redelivered after
@@ -109,6 +113,9 @@ func NewSource(js jetstream.JetStream, cons jetstream.Consumer, opts SourceOptio
 	if info.Config.AckPolicy != jetstream.AckExplicitPolicy {
 		return nil, fmt.Errorf("%w: consumer %q must use AckPolicy explicit", consumer.ErrInvalidOption, info.Name)
 	}
+	if mp := info.Config.MaxAckPending; opts.Window > 0 && mp > 0 && mp < opts.Window {
+		return nil, fmt.Errorf("%w: consumer %q has MaxAckPending %d, below the route window %d", consumer.ErrInvalidOption, info.Name, mp, opts.Window)
+	}
 	if info.Config.DeliverSubject != "" {
 		return nil, fmt.Errorf("%w: consumer %q is a push consumer", consumer.ErrInvalidOption, info.Name)
 	}
@@ -157,6 +164,7 @@ func NewSourceFor(ctx context.Context, js jetstream.JetStream, stream string, cf
 	if err != nil {
 		return nil, err
 	}
+	opts.Window = window
 	return NewSource(js, cons, opts)
 }
 
