@@ -64,3 +64,52 @@ func Example() {
 	// orders.new order-2 attempt 1
 	// run: <nil>
 }
+
+// Wrapping a pull consumer you already run: sluice takes over its pulls and
+// settlement; the consumer's configuration stays yours.
+func ExampleNewSource() {
+	dir, _ := os.MkdirTemp("", "sluice-example")
+	defer os.RemoveAll(dir)
+	srv, err := natstest.Run(dir)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer srv.WaitForShutdown()
+	defer srv.Shutdown()
+	nc, _ := nats.Connect(srv.ClientURL())
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	ctx := context.Background()
+	js.CreateStream(ctx, jetstream.StreamConfig{Name: "EVENTS", Subjects: []string{"events.>"}})
+	js.Publish(ctx, "events.signup", []byte("ada"))
+
+	// Yours, created elsewhere.
+	cons, _ := js.CreateOrUpdateConsumer(ctx, "EVENTS", jetstream.ConsumerConfig{
+		Durable: "mailer", AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 100, AckWait: time.Minute,
+	})
+
+	src, err := natsadapter.NewSource(js, cons, natsadapter.SourceOptions{Window: 32, PollWait: 100 * time.Millisecond})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	done := make(chan struct{})
+	c, _ := consumer.New(consumer.Options{}, consumer.Route{
+		Name: "mailer", Source: src, Workers: 2, MaxInFlight: 32, MaxInFlightBytes: 1 << 20,
+		Handler: func(_ context.Context, m *consumer.Message) error {
+			fmt.Printf("%s %s (stream %s, seq %d)\n", m.Topic, m.Value, m.Origin.Stream, m.Origin.Sequence)
+			close(done)
+			return nil
+		},
+	})
+	runCtx, stop := context.WithCancel(ctx)
+	errc := make(chan error, 1)
+	go func() { errc <- c.Run(runCtx) }()
+	<-done
+	stop()
+	fmt.Println("run:", <-errc)
+	// Output:
+	// events.signup ada (stream EVENTS, seq 1)
+	// run: <nil>
+}
