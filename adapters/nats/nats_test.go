@@ -17,6 +17,7 @@ import (
 	natsadapter "github.com/sluice-go/sluice/adapters/nats"
 	"github.com/sluice-go/sluice/consumer"
 	"github.com/sluice-go/sluice/dlq"
+	"github.com/sluice-go/sluice/expiry"
 	"github.com/sluice-go/sluice/internal/natstest"
 )
 
@@ -32,14 +33,23 @@ func setup(t *testing.T, n int) (context.Context, jetstream.JetStream) {
 	return ctx, js
 }
 
+// Every expiredEvery-th message published by publish carries a deadline
+// that has already passed.
+const expiredEvery = 501
+
 func publish(t *testing.T, ctx context.Context, js jetstream.JetStream, n int) {
 	t.Helper()
 	const par = 256
 	for i := 0; i < n; i += par {
 		var futs []jetstream.PubAckFuture
 		for j := i; j < min(i+par, n); j++ {
-			f, err := js.PublishMsgAsync(&nats.Msg{Subject: "work.x", Data: []byte(strconv.Itoa(j)),
-				Header: nats.Header{"Id": []string{strconv.Itoa(j)}}})
+			h := nats.Header{"Id": []string{strconv.Itoa(j)}}
+			if j%expiredEvery == 0 {
+				// Already past its deadline: a route with a header
+				// deadline policy must never run it.
+				h.Set(expiry.DefaultHeader, expiry.FormatDeadline(time.Now().Add(-time.Minute)))
+			}
+			f, err := js.PublishMsgAsync(&nats.Msg{Subject: "work.x", Data: []byte(strconv.Itoa(j)), Header: h})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -99,13 +109,26 @@ func TestLedgerNothingLost(t *testing.T) {
 	// written; an ack watcher on another connection checks that every
 	// +ACK / +TERM it sees on $JS.ACK.> comes after that.
 	var done sync.Map
+	// Messages were published in id order, so sequence = id+1 (the
+	// handler checks); an expired message is acked with no work to wait for.
 	obs := watchAcks(t, js, "WORK", func(kind string, seq uint64) bool {
+		if kind == "+ACK" && (seq-1)%expiredEvery == 0 {
+			return true
+		}
 		_, ok := done.Load(seq)
 		return ok
 	})
+	var badSeq atomic.Int64
+	var ranExpired atomic.Int64
 	h := func(_ context.Context, m *consumer.Message) error {
 		time.Sleep(time.Duration(rand.IntN(200)) * time.Microsecond)
 		id, _ := strconv.Atoi(m.Headers.Get("Id"))
+		if id%expiredEvery == 0 {
+			ranExpired.Add(1)
+		}
+		if m.Origin.Sequence != uint64(id)+1 {
+			badSeq.Add(1)
+		}
 		switch {
 		case id%997 == 0:
 			return consumer.Permanent(errors.New("poison"))
@@ -130,20 +153,24 @@ func TestLedgerNothingLost(t *testing.T) {
 	})
 	c, err := consumer.New(consumer.Options{}, consumer.Route{Name: "ledger", Source: src, Handler: h,
 		Workers: 8, MaxInFlight: 64, MaxInFlightBytes: 1 << 20, DeadLetter: dead, Group: "ledger",
+		Expiry: expiry.Policy{UseHeader: true},
 		Retry: consumer.RetryPolicy{MaxAttempts: 10, BaseDelay: time.Millisecond, MaxDelay: 10 * time.Millisecond}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	poison := 0
+	poison, expired := 0, 0
 	for i := 0; i < n; i++ {
-		if i%997 == 0 {
+		switch {
+		case i%expiredEvery == 0:
+			expired++
+		case i%997 == 0:
 			poison++
 		}
 	}
 	start := time.Now()
 	runUntil(t, c, 40*time.Second, func() bool {
 		s := c.Stats()[0]
-		return s.Settled[consumer.OutcomeSucceeded]+s.Settled[consumer.OutcomeDeadLettered] >= n
+		return s.Settled[consumer.OutcomeSucceeded]+s.Settled[consumer.OutcomeDeadLettered]+s.Settled[consumer.OutcomeExpired] >= n
 	}, nil)
 	t.Logf("settled %d in %v; stats %+v", n, time.Since(start), c.Stats()[0])
 
@@ -178,7 +205,19 @@ func TestLedgerNothingLost(t *testing.T) {
 	}
 	mu.Lock()
 	defer mu.Unlock()
+	if badSeq.Load() > 0 {
+		t.Fatalf("%d messages with sequence != id+1", badSeq.Load())
+	}
+	if got := c.Stats()[0].Settled[consumer.OutcomeExpired]; got != uint64(expired) || ranExpired.Load() != 0 {
+		t.Fatalf("expired: %d settled, want %d; handler ran %d expired messages", got, expired, ranExpired.Load())
+	}
 	for i := 0; i < n; i++ {
+		if i%expiredEvery == 0 {
+			if acked[i] > 0 || deadIDs[i] {
+				t.Fatalf("expired %d was processed", i)
+			}
+			continue
+		}
 		if i%997 == 0 {
 			if !deadIDs[i] || acked[i] > 0 {
 				t.Fatalf("poison %d: dead %v acked %d", i, deadIDs[i], acked[i])
@@ -194,7 +233,7 @@ func TestLedgerNothingLost(t *testing.T) {
 	if info.NumAckPending != 0 || info.NumPending != 0 {
 		t.Fatalf("consumer not drained: ack pending %d, pending %d", info.NumAckPending, info.NumPending)
 	}
-	obs.wait(t, n-poison, poison)
+	obs.wait(t, n-poison, poison) // n-poison: expired messages are acked too (ExpiredAck)
 	t.Logf("duplicates: %d, dead letters: %d, acks seen %d, terms seen %d", dups.Load(), len(deadIDs), obs.acks.Load(), obs.terms.Load())
 }
 
