@@ -154,7 +154,7 @@ func TestLedgerNothingLost(t *testing.T) {
 	c, err := consumer.New(consumer.Options{}, consumer.Route{Name: "ledger", Source: src, Handler: h,
 		Workers: 8, MaxInFlight: 64, MaxInFlightBytes: 1 << 20, DeadLetter: dead, Group: "ledger",
 		Expiry: expiry.Policy{UseHeader: true},
-		Retry: consumer.RetryPolicy{MaxAttempts: 10, BaseDelay: time.Millisecond, MaxDelay: 10 * time.Millisecond}})
+		Retry:  consumer.RetryPolicy{MaxAttempts: 10, BaseDelay: time.Millisecond, MaxDelay: 10 * time.Millisecond}})
 	if err != nil {
 		t.Fatal(err)
 	}
