@@ -25,4 +25,32 @@
 // The consumer acks (or terms) the original only after Sink.Write returned
 // nil, that is after the broker confirmed the dead letter. If Write fails
 // the original is nak'd and redelivered, so a dead letter is never lost.
+//
+// # Replay
+//
+// A Replayer moves letters from a Source (the adapters' dead-letter
+// readers, or any backlog) to a Target (the origin topic by default) at a
+// paced rate: letters go in batches of Burst, each batch on the grid of an
+// x/time/rate token bucket plus a full-jitter delay, so the rate holds on
+// coarse timers and replayers started together do not fire together. A
+// letter is removed from the source only after the target confirmed its
+// republish, so a replay stopped at any point resumes with what is left.
+//
+// The republished message is the original key, value and headers without
+// the envelope, plus HeaderReplayCount (Sluice-Replay-Count) = Replays+1.
+// That header is not part of the envelope, so a consumer that dead-letters
+// the message again keeps it, and Decode reads it back into Replays: a
+// letter replayed ReplayOptions.MaxReplays times goes to the Park sink
+// instead of looping. The stale deadline header is replaced (or dropped)
+// by ReplayOptions.Deadline so replayed work is not expired on arrival.
+//
+// Filter selects letters by last failure time, class, origin and route;
+// ParseFilter reads the CLI's "class=permanent origin=orders.* since=2h".
+// Tally counts letters by origin and class for listings.
+//
+// Backlog drain: the same Replayer drains any stream into a target at a
+// paced rate when its Source yields plain messages as letters (the NATS
+// adapter's LetterSource with Backlog set). To slow a route's own
+// consumption of its backlog in place, wrap its consumer.Source with
+// package drain instead.
 package dlq

@@ -1,7 +1,11 @@
 package dlq_test
 
 import (
+	"context"
 	"fmt"
+	"sort"
+	"sync"
+	"time"
 
 	"github.com/sluice-go/sluice/dlq"
 )
@@ -17,4 +21,70 @@ func ExampleDecode() {
 	}
 	fmt.Println(back.Class, back.Err, back.Origin.Stream, back.Origin.Sequence)
 	// Output: permanent unknown currency ORDERS 7
+}
+
+// A replay from an in-memory queue: letters replayed 3 times already are
+// parked, the rest go back to their origin with a fresh replay count.
+func ExampleReplayer() {
+	queue := []*dlq.Pending{}
+	for i, replays := range []int{0, 1, 3} {
+		l := &dlq.Letter{Value: []byte(fmt.Sprint("order-", i)), Class: dlq.ClassPermanent, Replays: replays,
+			Origin: dlq.Origin{Topic: "orders.new", Partition: -1}}
+		queue = append(queue, &dlq.Pending{Letter: l, Pos: fmt.Sprint("dlq#", i), Remove: func(context.Context) error { return nil }})
+	}
+	src := dlq.SourceFunc(func(ctx context.Context, n int) ([]*dlq.Pending, error) {
+		if len(queue) == 0 {
+			return nil, dlq.ErrDrained
+		}
+		batch := queue[:min(n, len(queue))]
+		queue = queue[len(batch):]
+		return batch, nil
+	})
+	var mu sync.Mutex
+	var lines []string
+	dst := dlq.TargetFunc(func(ctx context.Context, m *dlq.Outgoing) error {
+		mu.Lock()
+		defer mu.Unlock()
+		lines = append(lines, fmt.Sprintf("%s → %s, %s=%s", m.Value, m.Topic, dlq.HeaderReplayCount, m.Headers[dlq.HeaderReplayCount][0]))
+		return nil
+	})
+	park := dlq.SinkFunc(func(ctx context.Context, l *dlq.Letter) error {
+		mu.Lock()
+		defer mu.Unlock()
+		lines = append(lines, fmt.Sprintf("%s parked after %d replays", l.Value, l.Replays))
+		return nil
+	})
+	r, err := dlq.NewReplayer(dlq.ReplayOptions{Rate: 1000, Concurrency: 1, Park: park})
+	if err != nil {
+		panic(err)
+	}
+	rep, err := r.Run(context.Background(), src, dst)
+	if err != nil {
+		panic(err)
+	}
+	sort.Strings(lines)
+	for _, l := range lines {
+		fmt.Println(l)
+	}
+	fmt.Println("replayed", rep.Replayed, "parked", rep.Parked)
+	// Output:
+	// order-0 → orders.new, Sluice-Replay-Count=1
+	// order-1 → orders.new, Sluice-Replay-Count=2
+	// order-2 parked after 3 replays
+	// replayed 2 parked 1
+}
+
+func ExampleParseFilter() {
+	now := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+	f, err := dlq.ParseFilter("class=permanent origin=orders.* since=2h", now)
+	if err != nil {
+		panic(err)
+	}
+	l := &dlq.Letter{Class: dlq.ClassPermanent, LastFailure: now.Add(-time.Hour), Origin: dlq.Origin{Topic: "orders.new"}}
+	fmt.Println(f.Match(l), f.Since.Format(time.Kitchen))
+	_, err = dlq.ParseFilter("colour=red", now)
+	fmt.Println(err)
+	// Output:
+	// true 10:00AM
+	// sluice: invalid option: bad filter: unknown key "colour" (keys: class, origin, route, since, until)
 }

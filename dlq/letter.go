@@ -68,6 +68,9 @@ type Letter struct {
 	LastFailure  time.Time
 	Origin       Origin
 	Replays      int
+	// Version is the sluice version that wrote the letter, as read by
+	// Decode. EnvelopeHeaders always writes the running Version.
+	Version string
 }
 
 // Sink stores dead letters. Write returns only after the broker confirmed
@@ -127,7 +130,7 @@ func (l *Letter) EnvelopeHeaders() map[string][]string {
 	set(HeaderGroup, l.Origin.Group)
 	set(HeaderRoute, l.Route)
 	set(HeaderVersion, Version)
-	set(HeaderReplays, strconv.Itoa(l.Replays))
+	set(HeaderReplays, strconv.Itoa(max(l.Replays, replayCount(l.Headers))))
 	return h
 }
 
@@ -145,7 +148,7 @@ func Decode(key, value []byte, headers map[string][]string) (*Letter, error) {
 		return nil, fmt.Errorf("%w: no %s header", ErrMalformed, HeaderClass)
 	}
 	l := &Letter{Key: key, Value: value, Headers: map[string][]string{},
-		Err: get(HeaderError), Class: get(HeaderClass), Route: get(HeaderRoute)}
+		Err: get(HeaderError), Class: get(HeaderClass), Route: get(HeaderRoute), Version: get(HeaderVersion)}
 	for k, v := range headers {
 		if !strings.HasPrefix(k, HeaderPrefix) {
 			l.Headers[k] = v
@@ -175,7 +178,7 @@ func Decode(key, value []byte, headers map[string][]string) (*Letter, error) {
 		return t
 	}
 	l.Attempts = int(num(HeaderAttempts, 32))
-	l.Replays = int(num(HeaderReplays, 32))
+	l.Replays = max(int(num(HeaderReplays, 32)), replayCount(l.Headers))
 	l.FirstFailure = tm(HeaderFirstFailure)
 	l.LastFailure = tm(HeaderLastFailure)
 	l.Origin = Origin{Topic: get(HeaderOriginTopic), Stream: get(HeaderOriginStream), Group: get(HeaderGroup), Partition: -1}
@@ -194,4 +197,19 @@ func Decode(key, value []byte, headers map[string][]string) (*Letter, error) {
 		return nil, err
 	}
 	return l, nil
+}
+
+// replayCount reads HeaderReplayCount from a message's own headers: a
+// replayed message that died again carries it there, and it wins over a
+// Letter.Replays the consumer did not set. Unreadable means 0.
+func replayCount(h map[string][]string) int {
+	v := h[HeaderReplayCount]
+	if len(v) == 0 {
+		return 0
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(v[0]))
+	if err != nil || n < 0 {
+		return 0
+	}
+	return n
 }

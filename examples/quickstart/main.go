@@ -4,7 +4,10 @@
 //
 //	go run ./examples/quickstart
 //
-// It starts an embedded NATS server unless $NATS_URL is set, serves
+// It starts an embedded NATS server unless $NATS_URL is set, keeping its
+// JetStream store in -store DIR if given (so the dead letters outlive the
+// run: "go run ./cmd/sluice dlq ls --nats-store DIR"), else in a temporary
+// directory removed at exit. It serves
 // Prometheus metrics on $METRICS_ADDR (default 127.0.0.1:0, printed), and
 // prints a table per route when orders are all settled or after 20 s.
 package main
@@ -12,6 +15,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"log"
 	"net"
@@ -40,7 +44,10 @@ const (
 	numPoison  = 10
 )
 
+var storeDir = flag.String("store", "", "keep the embedded server's JetStream store in `DIR` (default: a temporary directory, removed at exit)")
+
 func main() {
+	flag.Parse()
 	if err := run(); err != nil {
 		log.Fatal(err)
 	}
@@ -52,11 +59,15 @@ func run() error {
 
 	url := os.Getenv("NATS_URL")
 	if url == "" {
-		dir, err := os.MkdirTemp("", "sluice-quickstart")
-		if err != nil {
-			return err
+		dir := *storeDir
+		if dir == "" {
+			tmp, err := os.MkdirTemp("", "sluice-quickstart")
+			if err != nil {
+				return err
+			}
+			defer os.RemoveAll(tmp)
+			dir = tmp
 		}
-		defer os.RemoveAll(dir)
 		srv, err := natstest.Run(dir)
 		if err != nil {
 			return err
