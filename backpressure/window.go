@@ -35,6 +35,10 @@ type Window struct {
 	maxMsgs  int
 	maxBytes int64
 
+	// limit is the message limit in force, 1..maxMsgs; SetLimit moves it
+	// (adaptive concurrency, recovery ramps). It starts at maxMsgs.
+	limit int
+
 	mu        sync.Mutex
 	msgs      int
 	bytes     int64
@@ -55,11 +59,39 @@ func NewWindow(maxMessages int, maxBytes int64) (*Window, error) {
 	if maxBytes <= 0 {
 		return nil, fmt.Errorf("%w: window bytes must be > 0, got %d", ErrInvalidOption, maxBytes)
 	}
-	return &Window{maxMsgs: maxMessages, maxBytes: maxBytes, changed: make(chan struct{})}, nil
+	return &Window{maxMsgs: maxMessages, maxBytes: maxBytes, limit: maxMessages, changed: make(chan struct{})}, nil
 }
 
 // Limits reports the window's size.
 func (w *Window) Limits() (messages int, bytes int64) { return w.maxMsgs, w.maxBytes }
+
+// SetLimit changes the message limit in force to n, clamped to 1..the
+// window's size, and returns the limit now in force. Lowering it never
+// takes back what is held: admission stops until enough is settled.
+// Raising it wakes waiters. Adaptive concurrency (AdaptiveLimit) drives it.
+func (w *Window) SetLimit(n int) int {
+	n = max(1, min(n, w.maxMsgs))
+	w.mu.Lock()
+	raised := n > w.limit
+	w.limit = n
+	var ch chan struct{}
+	if raised {
+		ch, w.changed = w.changed, nil
+	}
+	w.mu.Unlock()
+	if ch != nil {
+		close(ch)
+	}
+	return n
+}
+
+// Limit reports the message limit in force: the window's size unless
+// SetLimit lowered it.
+func (w *Window) Limit() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.limit
+}
 
 // InUse reports the capacity currently held.
 func (w *Window) InUse() (messages int, bytes int64) {
@@ -93,7 +125,7 @@ func (w *Window) Free() (messages int, bytes int64) {
 }
 
 func (w *Window) freeLocked() (int, int64) {
-	m := w.maxMsgs - w.msgs
+	m := w.limit - w.msgs
 	b := w.maxBytes - w.bytes
 	if m <= 0 || b <= 0 {
 		return 0, 0
@@ -122,7 +154,7 @@ func (w *Window) tryLocked(n int, b int64) bool {
 	if n < 0 || b < 0 {
 		panic("backpressure: negative acquire")
 	}
-	if w.msgs+n > w.maxMsgs {
+	if w.msgs+n > w.limit {
 		return false
 	}
 	oversize := b > w.maxBytes
@@ -195,7 +227,7 @@ func (w *Window) WaitFreeAtLeast(ctx context.Context, minMessages int) (messages
 	for {
 		w.mu.Lock()
 		m, b := w.freeLocked()
-		if m >= minMessages && b > 0 {
+		if m >= min(minMessages, w.limit) && b > 0 {
 			if !start.IsZero() {
 				w.blocked += time.Since(start)
 			}

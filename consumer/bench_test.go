@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-go/sluice/backpressure"
 	"github.com/sluice-go/sluice/consumer"
 )
 
@@ -50,6 +51,46 @@ func BenchmarkCorePath(b *testing.B) {
 	src := &benchSource{msgs: msgs, done: make(chan struct{})}
 	c, err := consumer.New(consumer.Options{}, consumer.Route{
 		Name: "bench", Source: src, Workers: 2, MaxInFlight: 256, MaxInFlightBytes: 64 << 20,
+		Handler: func(context.Context, *consumer.Message) error { return nil },
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	b.ReportAllocs()
+	b.ResetTimer()
+	errc := make(chan error, 1)
+	go func() { errc <- c.Run(ctx) }()
+	for settled.Load() < int64(b.N) {
+		time.Sleep(50 * time.Microsecond)
+	}
+	b.StopTimer()
+	cancel()
+	<-errc
+}
+
+// BenchmarkCorePathOverload is BenchmarkCorePath with the overload options
+// that act per message switched on (shared Slots, a RetryBudget, an
+// AdaptiveLimit, a pull Throttle and LIFO queue shedding), to compare
+// side by side with the plain route.
+func BenchmarkCorePathOverload(b *testing.B) {
+	var settled atomic.Int64
+	msgs := make([]*consumer.Message, b.N)
+	val := make([]byte, 128)
+	ack := countAcker{&settled}
+	for i := range msgs {
+		msgs[i] = &consumer.Message{Value: val, Acker: ack}
+	}
+	src := &benchSource{msgs: msgs, done: make(chan struct{})}
+	slots, _ := backpressure.NewSlots(64)
+	budget, _ := backpressure.NewRetryBudget(backpressure.RetryBudgetOptions{})
+	limit, _ := backpressure.NewAdaptiveLimit(backpressure.AdaptiveLimitOptions{Min: 16, Max: 256, Target: time.Second})
+	throttle, _ := backpressure.NewThrottle(backpressure.ThrottleOptions{})
+	c, err := consumer.New(consumer.Options{}, consumer.Route{
+		Name: "bench", Source: src, Workers: 2, MaxInFlight: 256, MaxInFlightBytes: 64 << 20,
+		Criticality: backpressure.Critical, Slots: slots, RetryBudget: budget, AdaptiveLimit: limit, Throttle: throttle,
+		QueueOrder: consumer.QueueLIFO, ShedQueueLength: 250, Drop: consumer.DropOldest,
 		Handler: func(context.Context, *consumer.Message) error { return nil },
 	})
 	if err != nil {

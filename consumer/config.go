@@ -144,6 +144,74 @@ type Route struct {
 	// third of the Source's AckWait if it reports one (AckWaiter), else
 	// none. Negative disables it.
 	KeepAlive time.Duration
+
+	// Overload control. Every field's zero value keeps the behaviour of a
+	// route without it, at no cost on the message path.
+
+	// RetryBudget, if set, must have room for every in-process retry (a
+	// retryable failure nak'd for redelivery with attempts left); the
+	// route records each first delivery (Attempt 1) as a first attempt.
+	// A failure the budget refuses is not retried: it is dead-lettered with
+	// class ClassRetryBudget (replay it later at a safe pace) or, without a
+	// DeadLetter sink, nak'd with Retry.MaxDelay; either way it counts in
+	// RouteStats.RetryBudgetExhausted. Routes may share one budget. nil
+	// means attempts are capped by Retry.MaxAttempts only.
+	RetryBudget *backpressure.RetryBudget
+	// OnOverloaded settles messages whose handler returned an error marked
+	// "overloaded, do not retry"; default OverloadedNak.
+	OnOverloaded OverloadedAction
+
+	// Throttle, if set, is client-side adaptive throttling of the route's
+	// pull. Each free window slot the fetch loop would fill counts as a
+	// request; the throttle lets through a share of them (the rest are
+	// "rejected locally", counted, and left in the broker), and each
+	// handler result that is not marked overloaded counts as accepted. So
+	// when the handler's downstream refuses work (the handler returns
+	// Overloaded(err), or ErrThrottled from its own Throttle), the route
+	// fetches about K times what the downstream accepts and the backlog
+	// waits in the broker; when the downstream recovers the pull ramps back
+	// as the window forgets. Do not also call Do/Allow on the same Throttle
+	// from the handler. nil means no throttling.
+	Throttle *backpressure.Throttle
+	// ThrottleWait is how long the fetch loop pauses after the Throttle
+	// rejected some of the slots it offered. 0 means 20 ms.
+	ThrottleWait time.Duration
+
+	// AdaptiveLimit, if set, drives the route window's message limit from
+	// handler latency and results (AIMD between its bounds, which are
+	// clamped to MaxInFlight), so the route finds the concurrency its
+	// downstream sustains. Use one AdaptiveLimit per route. nil means the
+	// window stays at MaxInFlight.
+	AdaptiveLimit *backpressure.AdaptiveLimit
+	// Slots, if set, is a pool of handler slots shared with other routes
+	// that use the same scarce capacity (one downstream): a worker takes a
+	// slot at the message's criticality before running the handler and
+	// gives it back after, so under contention the lowest class waits
+	// (and its messages expire or queue-shed) while critical routes keep
+	// their throughput. A message whose deadline passes while it waits is
+	// expired. nil means workers run unhindered.
+	Slots *backpressure.Slots
+
+	// QueueOrder is the order workers take fetched messages; default
+	// QueueFIFO.
+	QueueOrder QueueOrder
+	// ShedQueueLength sheds a message (chosen by Drop, settled by OnShed,
+	// counted as OutcomeShed with reason ShedQueueFull) whenever more than
+	// this many fetched messages wait for a worker. It only matters below
+	// MaxInFlight − Workers: the window already bounds the queue. 0 means
+	// never shed (the window alone pushes back on the broker).
+	ShedQueueLength int
+	// Drop chooses the message shed by ShedQueueLength; default DropNewest.
+	Drop DropPolicy
+	// ShedNearDeadline sheds (reason ShedNearDeadline) a message that has
+	// less than this left before its deadline when a worker picks it: it
+	// would most likely finish late. 0 means off; messages without a
+	// deadline are never shed this way.
+	ShedNearDeadline time.Duration
+	// OnShed settles shed messages; default ShedNak.
+	OnShed ShedAction
+	// ShedDelay is the Nak delay of a shed message. 0 means 1 s.
+	ShedDelay time.Duration
 }
 
 // Options configure a Consumer. The zero value is usable.
@@ -196,6 +264,16 @@ func (r *Route) validate() error {
 		return bad("OnExpired %d", r.OnExpired)
 	case r.OnOversize < OversizeAdmitAlone || r.OnOversize > OversizeDeadLetter:
 		return bad("OnOversize %d", r.OnOversize)
+	case r.OnOverloaded < OverloadedNak || r.OnOverloaded > OverloadedDeadLetter:
+		return bad("OnOverloaded %d", r.OnOverloaded)
+	case r.QueueOrder < QueueFIFO || r.QueueOrder > QueueLIFO:
+		return bad("QueueOrder %d", r.QueueOrder)
+	case r.Drop < DropNewest || r.Drop > DropLowestCriticality:
+		return bad("Drop %d", r.Drop)
+	case r.OnShed < ShedNak || r.OnShed > ShedAck:
+		return bad("OnShed %d", r.OnShed)
+	case r.ShedQueueLength < 0 || r.ShedNearDeadline < 0 || r.ShedDelay < 0 || r.ThrottleWait < 0:
+		return bad("ShedQueueLength, ShedNearDeadline, ShedDelay and ThrottleWait must not be negative")
 	}
 	if err := r.Expiry.Validate(); err != nil {
 		return fmt.Errorf("route %q: %w", r.Name, err)

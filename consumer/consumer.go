@@ -16,7 +16,7 @@ import (
 
 // CriticalityHeader is the header through which a producer may lower a
 // message's class below its route's (never raise it).
-const CriticalityHeader = "Sluice-Criticality"
+const CriticalityHeader = backpressure.CriticalityHeader
 
 // Consumer runs routes. Create it with New, then call Run once.
 type Consumer struct {
@@ -31,6 +31,7 @@ type route struct {
 	window    *backpressure.Window
 	clock     Clock
 	queue     chan *Message
+	lq        *localQueue // instead of queue for LIFO or queue shedding
 	held      inflight
 	c         counters
 	obs       RouteObserver
@@ -43,6 +44,11 @@ type route struct {
 
 	handlerCtx context.Context
 	settleCtx  context.Context
+	// classCtx[c] is handlerCtx carrying criticality c, built once per Run
+	// so a handler inherits its message's class without an allocation.
+	classCtx [4]context.Context
+	limit    atomic.Int64 // cfg.AdaptiveLimit's value last applied to the window
+	fill     float64      // fetched / asked of the last throttled fetch (fetch loop only)
 
 	failMu   sync.Mutex
 	failures map[dlq.Origin]time.Time // first failure of messages being retried
@@ -86,9 +92,19 @@ func New(opts Options, routes ...Route) (*Consumer, error) {
 		}
 		r := &route{
 			cfg: cfg, retry: cfg.Retry.withDefaults(), window: w, clock: clock,
-			queue:    make(chan *Message, cfg.MaxInFlight),
 			maxBatch: cfg.MaxBatch, expiryOn: cfg.Expiry.Enabled(), header: cfg.Expiry.HeaderName(),
 			failures: map[dlq.Origin]time.Time{},
+		}
+		if cfg.QueueOrder != QueueFIFO || cfg.ShedQueueLength > 0 {
+			r.lq = newLocalQueue(cfg.QueueOrder, cfg.Drop, cfg.ShedQueueLength, cfg.MaxInFlight)
+		} else {
+			r.queue = make(chan *Message, cfg.MaxInFlight)
+		}
+		r.fill = 1
+		if cfg.AdaptiveLimit != nil {
+			l := cfg.AdaptiveLimit.Limit()
+			w.SetLimit(l)
+			r.limit.Store(int64(l))
 		}
 		if r.maxBatch == 0 || r.maxBatch > cfg.MaxInFlight {
 			r.maxBatch = cfg.MaxInFlight
@@ -153,6 +169,18 @@ func (r *route) stats() RouteStats {
 	s.PeakInFlight, s.PeakInFlightBytes = r.window.Peak()
 	s.Blocked = r.window.Blocked()
 	s.OldestInFlight = r.held.oldest(time.Now())
+	for i := range s.Shed {
+		for j := range s.Shed[i] {
+			s.Shed[i][j] = r.c.shed[i][j].Load()
+		}
+	}
+	s.RetryBudgetExhausted = r.c.budgetOut.Load()
+	if r.cfg.Throttle != nil {
+		s.ThrottleProbability = r.cfg.Throttle.Probability()
+	}
+	s.ThrottleRefused = r.c.throttled.Load()
+	s.WindowLimit = r.window.Limit()
+	s.Adaptive = r.cfg.AdaptiveLimit != nil
 	return s
 }
 
@@ -180,10 +208,13 @@ func (c *Consumer) Run(ctx context.Context) error {
 	var workers, fetchers, alive sync.WaitGroup
 	for _, r := range c.routes {
 		r.handlerCtx, r.settleCtx = handlerCtx, settleCtx
+		for c := range r.classCtx {
+			r.classCtx[c] = backpressure.WithCriticality(handlerCtx, backpressure.Criticality(c))
+		}
 		fetchers.Add(1)
 		go func() {
 			defer fetchers.Done()
-			defer close(r.queue)
+			defer r.closeQueue()
 			if err := r.fetchLoop(runCtx); err != nil {
 				cancelRun(err)
 			}
@@ -247,11 +278,55 @@ func (c *Consumer) Run(ctx context.Context) error {
 func (r *route) fetchLoop(ctx context.Context) error {
 	errDelay := 10 * time.Millisecond
 	for {
+		// WaitFreeAtLeast returns at once while the window has room, and a
+		// Source may hand over queued messages without looking at ctx: check
+		// it here, or a shutdown with a backlog could fetch and return the
+		// same messages forever.
+		if ctx.Err() != nil {
+			return nil
+		}
 		n, b, err := r.window.WaitFreeAtLeast(ctx, r.minFetch)
 		if err != nil {
 			return nil
 		}
-		msgs, err := r.cfg.Source.Fetch(ctx, min(n, r.maxBatch), b)
+		n = min(n, r.maxBatch)
+		var offered, k int
+		if r.cfg.Throttle != nil {
+			offered = n
+			if k = r.cfg.Throttle.DrawAt(time.Now(), n); k == 0 {
+				// Nothing admitted: count the refusal at the demand the
+				// last fetch showed, then wait.
+				d := float64(n) * r.fill
+				r.cfg.Throttle.CountAt(time.Now(), d, d, 0)
+				r.c.throttled.Add(uint64(d + 0.5))
+				if !r.pause(ctx, r.throttleWait()) {
+					return nil
+				}
+				continue
+			}
+			n = k
+		}
+		msgs, err := r.cfg.Source.Fetch(ctx, n, b)
+		if r.cfg.Throttle != nil {
+			// Offered slots are not all demand: a fetch that came back
+			// short shows the source had less, so scale the count by the
+			// fill (a full fetch: every offered slot was a real request).
+			r.fill = float64(len(msgs)) / float64(k)
+			d := float64(offered) * r.fill
+			r.cfg.Throttle.CountAt(time.Now(), d, d-float64(len(msgs)), 0)
+			if k < offered {
+				r.c.throttled.Add(uint64(d - float64(len(msgs)) + 0.5))
+				if err == nil {
+					if len(msgs) > 0 {
+						r.admit(ctx, msgs)
+					}
+					if !r.pause(ctx, r.throttleWait()) {
+						return nil
+					}
+					continue
+				}
+			}
+		}
 		if len(msgs) > 0 {
 			r.admit(ctx, msgs)
 		}
@@ -326,7 +401,44 @@ func (r *route) admit(ctx context.Context, msgs []*Message) {
 				continue
 			}
 		}
+		r.enqueue(m)
+	}
+}
+
+func (r *route) enqueue(m *Message) {
+	if r.lq == nil {
 		r.queue <- m // never blocks: the window bounds the queue
+		return
+	}
+	if v := r.lq.push(m); v != nil {
+		r.shed(v, ShedQueueFull)
+	}
+}
+
+func (r *route) closeQueue() {
+	if r.lq != nil {
+		r.lq.close()
+		return
+	}
+	close(r.queue)
+}
+
+func (r *route) throttleWait() time.Duration {
+	if r.cfg.ThrottleWait > 0 {
+		return r.cfg.ThrottleWait
+	}
+	return 20 * time.Millisecond
+}
+
+// pause waits d and reports false when ctx ended first.
+func (r *route) pause(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
 	}
 }
 
@@ -344,33 +456,106 @@ func (r *route) computeDeadline(m *Message) {
 }
 
 func (r *route) work() {
-	for m := range r.queue {
-		if r.stopping.Load() {
-			r.settle(m, OutcomeReturned, func() error { return m.Acker.Nak(r.settleCtx, 0) })
-			continue
+	if r.lq != nil {
+		for {
+			m, ok := r.lq.pop()
+			if !ok {
+				return
+			}
+			r.run(m)
 		}
-		r.process(m)
+	}
+	for m := range r.queue {
+		r.run(m)
 	}
 }
 
+func (r *route) run(m *Message) {
+	if r.stopping.Load() {
+		r.settle(m, OutcomeReturned, func() error { return m.Acker.Nak(r.settleCtx, 0) })
+		return
+	}
+	r.process(m)
+}
+
 func (r *route) process(m *Message) {
-	ctx := r.handlerCtx
+	ctx := r.classCtx[m.crit&3]
 	if !m.deadline.IsZero() {
 		now := r.clock.Now()
 		if expiry.Expired(m.deadline, now) {
 			r.expire(m, now)
 			return
 		}
+		if r.cfg.ShedNearDeadline > 0 && r.cfg.Slots == nil && m.deadline.Sub(now) < r.cfg.ShedNearDeadline {
+			r.shed(m, ShedNearDeadline)
+			return
+		}
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithDeadline(ctx, m.deadline)
 		defer cancel()
 	}
+	if r.cfg.Slots != nil {
+		if !r.takeSlot(ctx, m) {
+			return
+		}
+		defer r.cfg.Slots.Release()
+	}
 	start := time.Now()
+	if r.cfg.RetryBudget != nil && m.Attempt <= 1 {
+		r.cfg.RetryBudget.AttemptAt(start)
+	}
 	err := r.call(ctx, m)
 	latency := time.Since(start)
+	if r.cfg.Throttle != nil || r.cfg.AdaptiveLimit != nil {
+		r.feedback(start.Add(latency), latency, err)
+	}
 	outcome := r.finish(ctx, m, err)
 	if r.obs != nil {
 		r.obs.HandlerDone(outcome, latency)
+	}
+}
+
+// takeSlot waits for a shared handler slot at m's class. When the wait ends
+// without one, m is settled (expired past its deadline, returned on
+// shutdown) and takeSlot reports false. A message picked with less than
+// ShedNearDeadline left after the wait is shed.
+func (r *route) takeSlot(ctx context.Context, m *Message) bool {
+	if err := r.cfg.Slots.Acquire(ctx, m.crit); err != nil {
+		now := r.clock.Now()
+		if !m.deadline.IsZero() && !now.Before(m.deadline) || errors.Is(err, context.DeadlineExceeded) {
+			r.expire(m, now)
+		} else {
+			r.settle(m, OutcomeReturned, func() error { return m.Acker.Nak(r.settleCtx, 0) })
+		}
+		return false
+	}
+	if r.cfg.ShedNearDeadline > 0 && !m.deadline.IsZero() && m.deadline.Sub(r.clock.Now()) < r.cfg.ShedNearDeadline {
+		r.cfg.Slots.Release()
+		r.shed(m, ShedNearDeadline)
+		return false
+	}
+	return true
+}
+
+// feedback tells the route's Throttle and AdaptiveLimit how a handler run
+// went.
+func (r *route) feedback(now time.Time, latency time.Duration, err error) {
+	over := err != nil && IsOverloaded(err)
+	if t := r.cfg.Throttle; t != nil && !over {
+		t.RecordAt(now, true)
+	}
+	if a := r.cfg.AdaptiveLimit; a != nil {
+		res := backpressure.ResultOK
+		switch {
+		case over:
+			res = backpressure.ResultOverloaded
+		case err != nil:
+			res = backpressure.ResultFailed
+		}
+		if l := int64(a.ObserveAt(now, latency, res)); l != r.limit.Load() {
+			r.limit.Store(l)
+			r.window.SetLimit(int(l))
+		}
 	}
 }
 
@@ -403,6 +588,9 @@ func (r *route) finish(ctx context.Context, m *Message, err error) Outcome {
 		r.expire(m, now)
 		return OutcomeExpired
 	case IsOverloaded(err):
+		if r.cfg.OnOverloaded == OverloadedDeadLetter && r.cfg.DeadLetter != nil {
+			return r.deadLetter(m, ClassOverloaded, err, now)
+		}
 		r.settle(m, OutcomeOverloaded, func() error { return m.Acker.Nak(sctx, r.retry.Backoff(m.Attempt)) })
 		return OutcomeOverloaded
 	case IsPermanent(err):
@@ -413,6 +601,15 @@ func (r *route) finish(ctx context.Context, m *Message, err error) Outcome {
 			class = dlq.ClassPanic
 		}
 		return r.deadLetter(m, class, err, now)
+	case r.cfg.RetryBudget != nil && !r.cfg.RetryBudget.Retry():
+		r.c.budgetOut.Add(1)
+		if r.cfg.DeadLetter != nil {
+			return r.deadLetter(m, ClassRetryBudget, err, now)
+		}
+		r.rememberFailure(m, now)
+		d := r.retry.MaxDelay
+		r.settle(m, OutcomeRetried, func() error { return m.Acker.Nak(sctx, d) })
+		return OutcomeRetried
 	default:
 		r.rememberFailure(m, now)
 		r.settle(m, OutcomeRetried, func() error { return m.Acker.Nak(sctx, r.retry.Backoff(m.Attempt)) })

@@ -22,8 +22,10 @@ var (
 	ErrOversize = errors.New("sluice: message larger than the route's byte window")
 	// ErrPanic wraps a recovered handler panic.
 	ErrPanic = errors.New("sluice: handler panicked")
-	// ErrOverloaded marks an error as "overloaded, do not retry".
-	ErrOverloaded = errors.New("sluice: overloaded, do not retry")
+	// ErrOverloaded marks an error as "overloaded, do not retry". It is the
+	// same value as backpressure.ErrOverloaded, so backpressure.Retrier and
+	// backpressure.Throttle errors are recognised by the consumer.
+	ErrOverloaded = backpressure.ErrOverloaded
 	// ErrRunning is returned by a second call to Run.
 	ErrRunning = errors.New("sluice: consumer already running")
 	// ErrStuckHandlers is returned by Run when handlers ignored cancellation

@@ -75,6 +75,25 @@ type RouteStats struct {
 	// KeepAlives counts InProgress calls made for long-running messages.
 	KeepAlives uint64
 
+	// Shed counts shed messages by reason and message class (indexed by
+	// ShedReason, then backpressure.Criticality); their sum is
+	// Settled[OutcomeShed].
+	Shed [numShedReasons][4]uint64
+	// RetryBudgetExhausted counts retryable failures the route's
+	// RetryBudget refused to retry.
+	RetryBudgetExhausted uint64
+	// ThrottleProbability is the route Throttle's current local reject
+	// probability (0 without a Throttle).
+	ThrottleProbability float64
+	// ThrottleRefused counts window slots the route's Throttle kept the
+	// fetch loop from filling.
+	ThrottleRefused uint64
+	// WindowLimit is the message limit in force: MaxInFlight, or what the
+	// route's AdaptiveLimit set.
+	WindowLimit int
+	// Adaptive reports whether WindowLimit is driven by an AdaptiveLimit.
+	Adaptive bool
+
 	InFlight, PeakInFlight           int
 	InFlightBytes, PeakInFlightBytes int64
 	// Blocked is the total time the route waited for window capacity.
@@ -108,6 +127,9 @@ type counters struct {
 	settleErrors  atomic.Uint64
 	fetchErrors   atomic.Uint64
 	keepAlives    atomic.Uint64
+	shed          [numShedReasons][4]atomic.Uint64
+	budgetOut     atomic.Uint64
+	throttled     atomic.Uint64
 }
 
 // inflight tracks every held message, for the oldest-age metric, keep-alive

@@ -19,4 +19,10 @@
 // sluice_window_blocked_seconds_total, and gauges
 // sluice_window_{in_use,limit,peak}_{messages,bytes} and
 // sluice_oldest_inflight_seconds.
+//
+// Overload control adds counters sluice_shed_total{reason, class} (reason
+// queue_full or near_deadline, class the message's criticality),
+// sluice_retry_budget_exhausted_total and sluice_throttle_refused_total,
+// and gauges sluice_throttle_probability and, for routes with an
+// AdaptiveLimit, sluice_adaptive_limit (the message limit in force).
 package metrics

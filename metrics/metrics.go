@@ -6,6 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluice-go/sluice/backpressure"
 	"github.com/sluice-go/sluice/consumer"
 )
 
@@ -93,7 +94,9 @@ type collector struct {
 	settleErrors, fetchErrors, keepAlives,
 	inUseMsgs, limitMsgs, inUseBytes, limitBytes, peakMsgs, peakBytes,
 	blocked, oldest *prometheus.Desc
-	outcomes []consumer.Outcome
+	shed, budgetOut, throttleP, throttled, adaptive *prometheus.Desc
+	outcomes                                        []consumer.Outcome
+	reasons                                         []consumer.ShedReason
 }
 
 func newCollector(cl prometheus.Labels) *collector {
@@ -120,7 +123,13 @@ func newCollector(cl prometheus.Labels) *collector {
 		peakBytes:     d("window_peak_bytes", "Most bytes ever held in the route's window."),
 		blocked:       d("window_blocked_seconds_total", "Time spent waiting for window capacity."),
 		oldest:        d("oldest_inflight_seconds", "Age of the oldest in-flight message."),
+		shed:          d("shed_total", "Messages shed by an overload policy, by reason and message class.", "reason", "class"),
+		budgetOut:     d("retry_budget_exhausted_total", "Retryable failures the retry budget refused to retry."),
+		throttleP:     d("throttle_probability", "Local reject probability of the route's adaptive throttle."),
+		throttled:     d("throttle_refused_total", "Window slots the route's throttle kept the pull from filling."),
+		adaptive:      d("adaptive_limit", "Message limit in force set by the route's adaptive concurrency limit."),
 		outcomes:      consumer.Outcomes(),
+		reasons:       consumer.ShedReasons(),
 	}
 }
 
@@ -133,7 +142,8 @@ func (c *collector) add(info consumer.RouteInfo, stats func() consumer.RouteStat
 func (c *collector) descs() []*prometheus.Desc {
 	return []*prometheus.Desc{c.fetched, c.settled, c.goodput, c.late, c.handlerErrors, c.panics,
 		c.malformed, c.settleErrors, c.fetchErrors, c.keepAlives, c.inUseMsgs, c.limitMsgs,
-		c.inUseBytes, c.limitBytes, c.peakMsgs, c.peakBytes, c.blocked, c.oldest}
+		c.inUseBytes, c.limitBytes, c.peakMsgs, c.peakBytes, c.blocked, c.oldest,
+		c.shed, c.budgetOut, c.throttleP, c.throttled, c.adaptive}
 }
 
 // Describe implements prometheus.Collector.
@@ -176,5 +186,16 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(c.peakBytes, float64(s.PeakInFlightBytes))
 		cnt(c.blocked, s.Blocked.Seconds())
 		gauge(c.oldest, s.OldestInFlight.Seconds())
+		for _, reason := range c.reasons {
+			for class := backpressure.Sheddable; class <= backpressure.CriticalPlus; class++ {
+				cnt(c.shed, float64(s.Shed[reason][class]), reason.String(), class.String())
+			}
+		}
+		cnt(c.budgetOut, float64(s.RetryBudgetExhausted))
+		gauge(c.throttleP, s.ThrottleProbability)
+		cnt(c.throttled, float64(s.ThrottleRefused))
+		if s.Adaptive {
+			gauge(c.adaptive, float64(s.WindowLimit))
+		}
 	}
 }

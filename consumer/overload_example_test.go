@@ -1,0 +1,148 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/sluice-go/sluice/backpressure"
+	"github.com/sluice-go/sluice/consumer"
+	"github.com/sluice-go/sluice/dlq"
+	"github.com/sluice-go/sluice/internal/memsource"
+)
+
+// runUntil runs c until cond holds on its first route, then stops it.
+func runUntil(c *consumer.Consumer, cond func(consumer.RouteStats) bool) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	for !cond(c.Stats()[0]) {
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	<-done
+}
+
+// A retry budget: when a downstream fails for everyone, retries add at most
+// 10% to its load. Failures the budget cannot retry go to the DLQ with class
+// "retry-budget", to be replayed at a safe pace later.
+func Example_retryBudget() {
+	src := memsource.New()
+	for i := range 100 {
+		src.Publish(fmt.Sprint("m", i), []byte("x"), nil, time.Time{})
+	}
+	budget, _ := backpressure.NewRetryBudget(backpressure.RetryBudgetOptions{Ratio: 0.1})
+	attempts := 0
+	letters := map[string]int{}
+	c, _ := consumer.New(consumer.Options{}, consumer.Route{
+		Name: "payments", Source: src, Workers: 1, MaxInFlight: 8, MaxInFlightBytes: 1 << 20,
+		Retry:       consumer.RetryPolicy{MaxAttempts: 2, BaseDelay: time.Millisecond, MaxDelay: time.Millisecond},
+		RetryBudget: budget, // may be shared by several routes
+		DeadLetter: dlq.SinkFunc(func(_ context.Context, l *dlq.Letter) error {
+			letters[l.Class]++
+			return nil
+		}),
+		Handler: func(context.Context, *consumer.Message) error {
+			attempts++
+			return errors.New("downstream unavailable")
+		},
+	})
+	runUntil(c, func(s consumer.RouteStats) bool { return s.Settled[consumer.OutcomeDeadLettered] == 100 })
+	fmt.Println("attempts:", attempts, "for 100 messages (no budget: 200)")
+	fmt.Println("dead letters:", letters[consumer.ClassRetryBudget], consumer.ClassRetryBudget, "+", letters[dlq.ClassExhausted], dlq.ClassExhausted)
+	// Output:
+	// attempts: 110 for 100 messages (no budget: 200)
+	// dead letters: 90 retry-budget + 10 exhausted
+}
+
+// Queue shedding: at most 2 fetched messages wait for the single worker;
+// beyond that a queued message of a lower class than the arrival is shed,
+// else the arrival itself (here acked as a counted drop; the default ShedNak
+// hands it back to the broker). The producer marked the odd messages
+// SHEDDABLE; the route's class is CRITICAL.
+func Example_queueShedding() {
+	src := memsource.New()
+	release := make(chan struct{})
+	var ran []string
+	c, _ := consumer.New(consumer.Options{}, consumer.Route{
+		Name: "orders", Source: src, Workers: 1, MaxInFlight: 16, MaxInFlightBytes: 1 << 20, MinFetch: 1,
+		Criticality:     backpressure.Critical,
+		QueueOrder:      consumer.QueueFIFO,
+		ShedQueueLength: 2,
+		Drop:            consumer.DropLowestCriticality,
+		OnShed:          consumer.ShedAck,
+		Handler: func(ctx context.Context, m *consumer.Message) error {
+			if string(m.Key) == "first" {
+				<-release // hold the worker while the others queue
+				return nil
+			}
+			ran = append(ran, string(m.Key))
+			return nil
+		},
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	src.Publish("first", nil, nil, time.Time{})
+	for c.Stats()[0].Fetched < 1 {
+		time.Sleep(time.Millisecond)
+	}
+	for i := range 6 {
+		var h consumer.Headers
+		if i%2 == 1 {
+			h = consumer.Headers{consumer.CriticalityHeader: {"SHEDDABLE"}}
+		}
+		src.Publish(fmt.Sprint("m", i), nil, h, time.Time{})
+	}
+	for c.Stats()[0].Fetched < 7 {
+		time.Sleep(time.Millisecond)
+	}
+	close(release)
+	for c.Stats()[0].InFlight > 0 {
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	<-done
+	s := c.Stats()[0]
+	fmt.Println("ran:", ran)
+	fmt.Println("shed SHEDDABLE:", s.Shed[consumer.ShedQueueFull][backpressure.Sheddable],
+		"CRITICAL:", s.Shed[consumer.ShedQueueFull][backpressure.Critical])
+	// Output:
+	// ran: [m0 m2]
+	// shed SHEDDABLE: 3 CRITICAL: 1
+}
+
+// The overload options of a route, together. Each is optional and its zero
+// value keeps the plain behaviour.
+func Example_overloadOptions() {
+	slots, _ := backpressure.NewSlots(8)                                    // one downstream, shared by routes
+	throttle, _ := backpressure.NewThrottle(backpressure.ThrottleOptions{}) // K=2, 2 min
+	limit, _ := backpressure.NewAdaptiveLimit(backpressure.AdaptiveLimitOptions{
+		Min: 4, Max: 64, Target: 50 * time.Millisecond,
+		Cooldown: 3, // a sheddable route ramps back after the critical ones
+	})
+	budget, _ := backpressure.NewRetryBudget(backpressure.RetryBudgetOptions{})
+	_, err := consumer.New(consumer.Options{}, consumer.Route{
+		Name: "reports", Source: memsource.New(), Workers: 16, MaxInFlight: 64, MaxInFlightBytes: 8 << 20,
+		Criticality:      backpressure.Sheddable,
+		Slots:            slots,    // class-aware share of the downstream
+		Throttle:         throttle, // pull less while the downstream refuses
+		AdaptiveLimit:    limit,    // find the concurrency the downstream sustains
+		RetryBudget:      budget,   // retries ≤ 10% of first attempts
+		OnOverloaded:     consumer.OverloadedNak,
+		QueueOrder:       consumer.QueueLIFO,
+		ShedQueueLength:  32,
+		Drop:             consumer.DropOldest, // LIFO with oldest-drop
+		ShedNearDeadline: 20 * time.Millisecond,
+		OnShed:           consumer.ShedNak, // the broker keeps shed messages
+		Handler: func(ctx context.Context, m *consumer.Message) error {
+			out := consumer.Headers{}
+			consumer.PropagateCriticality(ctx, out) // outgoing messages inherit the class
+			return nil
+		},
+	})
+	fmt.Println(err)
+	// Output:
+	// <nil>
+}
