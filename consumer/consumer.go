@@ -26,21 +26,23 @@ type Consumer struct {
 }
 
 type route struct {
-	cfg       Route
-	retry     RetryPolicy
-	window    *backpressure.Window
-	clock     Clock
-	queue     chan *Message
-	lq        *localQueue // instead of queue for LIFO or queue shedding
-	held      inflight
-	c         counters
-	obs       RouteObserver
-	maxBatch  int
-	minFetch  int
-	keepAlive time.Duration
-	expiryOn  bool
-	header    string
-	stopping  atomic.Bool
+	cfg   Route
+	retry RetryPolicy
+	// maxDeliver is the broker's delivery limit (DeliveryLimiter), 0 if none.
+	maxDeliver int
+	window     *backpressure.Window
+	clock      Clock
+	queue      chan *Message
+	lq         *localQueue // instead of queue for LIFO or queue shedding
+	held       inflight
+	c          counters
+	obs        RouteObserver
+	maxBatch   int
+	minFetch   int
+	keepAlive  time.Duration
+	expiryOn   bool
+	header     string
+	stopping   atomic.Bool
 
 	handlerCtx context.Context
 	settleCtx  context.Context
@@ -90,8 +92,17 @@ func New(opts Options, routes ...Route) (*Consumer, error) {
 				return nil, fmt.Errorf("route %q: %w", cfg.Name, err)
 			}
 		}
+		retry := cfg.Retry.withDefaults()
+		var maxDeliver int
+		if dl, ok := cfg.Source.(DeliveryLimiter); ok && dl.MaxDeliver() > 0 {
+			maxDeliver = dl.MaxDeliver()
+			if retry.MaxAttempts > maxDeliver {
+				return nil, fmt.Errorf("%w: route %q: Retry.MaxAttempts %d is above the broker's MaxDeliver %d: the last attempts would be dropped by the broker before they are dead-lettered",
+					ErrInvalidOption, cfg.Name, retry.MaxAttempts, maxDeliver)
+			}
+		}
 		r := &route{
-			cfg: cfg, retry: cfg.Retry.withDefaults(), window: w, clock: clock,
+			cfg: cfg, retry: retry, window: w, clock: clock, maxDeliver: maxDeliver,
 			maxBatch: cfg.MaxBatch, expiryOn: cfg.Expiry.Enabled(), header: cfg.Expiry.HeaderName(),
 			failures: map[dlq.Origin]time.Time{},
 		}
@@ -588,7 +599,7 @@ func (r *route) finish(ctx context.Context, m *Message, err error) Outcome {
 		r.expire(m, now)
 		return OutcomeExpired
 	case IsOverloaded(err):
-		if r.cfg.OnOverloaded == OverloadedDeadLetter && r.cfg.DeadLetter != nil {
+		if (r.cfg.OnOverloaded == OverloadedDeadLetter || r.lastDelivery(m)) && r.cfg.DeadLetter != nil {
 			return r.deadLetter(m, ClassOverloaded, err, now)
 		}
 		r.settle(m, OutcomeOverloaded, func() error { return m.Acker.Nak(sctx, r.retry.Backoff(m.Attempt)) })
@@ -615,6 +626,11 @@ func (r *route) finish(ctx context.Context, m *Message, err error) Outcome {
 		r.settle(m, OutcomeRetried, func() error { return m.Acker.Nak(sctx, r.retry.Backoff(m.Attempt)) })
 		return OutcomeRetried
 	}
+}
+
+// lastDelivery reports whether the broker will not redeliver m after a Nak.
+func (r *route) lastDelivery(m *Message) bool {
+	return r.maxDeliver > 0 && m.Attempt >= r.maxDeliver
 }
 
 func (r *route) expire(m *Message, now time.Time) {

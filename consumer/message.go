@@ -134,6 +134,17 @@ type AckWaiter interface {
 	AckWait() time.Duration
 }
 
+// DeliveryLimiter is implemented by sources whose broker gives up on a
+// message after a number of deliveries (JetStream MaxDeliver). A Nak of the
+// last delivery would then lose the message without a trace, so New refuses
+// a route whose Retry.MaxAttempts is above the limit, and a delivery that is
+// the broker's last is dead-lettered rather than nak'd when it is shed or
+// overloaded (if the route has a DeadLetter sink). MaxDeliver <= 0 means
+// unlimited.
+type DeliveryLimiter interface {
+	MaxDeliver() int
+}
+
 // Handler processes one message. Its ctx carries the message deadline, if
 // any, and is cancelled on shutdown once the grace period is over. Return
 // nil for success, Permanent(err) for an error retrying cannot fix,

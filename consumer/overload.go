@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/sluice-go/sluice/backpressure"
@@ -14,8 +15,12 @@ const (
 	// room to retry. Replay it at a safe pace once the downstream is well.
 	ClassRetryBudget = "retry-budget"
 	// ClassOverloaded: the handler said "overloaded, do not retry" and the
-	// route's OnOverloaded is OverloadedDeadLetter.
+	// route's OnOverloaded is OverloadedDeadLetter, or it was the broker's
+	// last delivery (DeliveryLimiter).
 	ClassOverloaded = "overloaded"
+	// ClassShed: shed by a queue policy on the broker's last delivery
+	// (DeliveryLimiter), where a Nak would have lost it.
+	ClassShed = "shed"
 )
 
 // OverloadedAction says how a message whose handler returned an error
@@ -135,6 +140,11 @@ func (r *route) shed(m *Message, reason ShedReason) {
 	if r.cfg.OnShed == ShedAck {
 		r.forget(m)
 		r.settle(m, OutcomeShed, func() error { return m.Acker.Ack(sctx) })
+		return
+	}
+	if r.lastDelivery(m) && r.cfg.DeadLetter != nil {
+		// A Nak would be the broker's cue to drop it for good.
+		r.deadLetter(m, ClassShed, fmt.Errorf("%w: shed (%s) on the broker's last delivery", ErrOverloaded, reason), r.clock.Now())
 		return
 	}
 	d := r.shedDelay()

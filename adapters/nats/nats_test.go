@@ -596,3 +596,16 @@ func TestNewSourceChecksWrappedConsumer(t *testing.T) {
 		t.Fatalf("AckPolicy none: %v", err)
 	}
 }
+
+func TestRouteRefusesMoreAttemptsThanMaxDeliver(t *testing.T) {
+	ctx, js := setup(t, 0)
+	src, err := natsadapter.NewSourceFor(ctx, js, "WORK", jetstream.ConsumerConfig{Durable: "md", MaxDeliver: 2}, 8, natsadapter.SourceOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = consumer.New(consumer.Options{}, consumer.Route{Name: "md", Source: src, Workers: 1, MaxInFlight: 8, MaxInFlightBytes: 1 << 20,
+		Handler: func(context.Context, *consumer.Message) error { return nil }}) // default MaxAttempts 3
+	if !errors.Is(err, consumer.ErrInvalidOption) {
+		t.Fatalf("MaxAttempts 3 with MaxDeliver 2: %v", err)
+	}
+}

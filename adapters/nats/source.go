@@ -77,8 +77,9 @@ type Source struct {
 }
 
 var (
-	_ consumer.Source    = (*Source)(nil)
-	_ consumer.AckWaiter = (*Source)(nil)
+	_ consumer.Source          = (*Source)(nil)
+	_ consumer.AckWaiter       = (*Source)(nil)
+	_ consumer.DeliveryLimiter = (*Source)(nil)
 )
 
 // NewSource wraps cons, a pull consumer with AckPolicy explicit reached
@@ -180,6 +181,16 @@ func (s *Source) AckWait() time.Duration {
 		}
 	}
 	return 30 * time.Second // the server default
+}
+
+// MaxDeliver returns the consumer's MaxDeliver (<= 0: unlimited), so the
+// route refuses more attempts than the server will deliver and dead-letters
+// the last delivery instead of nak'ing it away (consumer.DeliveryLimiter).
+func (s *Source) MaxDeliver() int {
+	if info := s.cons.CachedInfo(); info != nil {
+		return info.Config.MaxDeliver
+	}
+	return 0
 }
 
 // Close drops the Source's reply subscription. Fetch then returns

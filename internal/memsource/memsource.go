@@ -19,6 +19,9 @@ import (
 type Source struct {
 	// HonorDelay makes Nak requeue only after its delay.
 	HonorDelay bool
+	// DeliveryLimit, when > 0, plays JetStream's MaxDeliver: a Nak of a
+	// delivery whose attempt reached it drops the message (Record.Dropped).
+	DeliveryLimit int
 
 	mu      sync.Mutex
 	queue   []*entry
@@ -56,7 +59,11 @@ type Record struct {
 	Reasons    []string
 	InProgress int
 	Pending    bool // delivered and not yet settled
+	Dropped    bool // nak'd on its last delivery (DeliveryLimit): gone
 }
+
+// MaxDeliver implements consumer.DeliveryLimiter.
+func (s *Source) MaxDeliver() int { return s.DeliveryLimit }
 
 // New returns an empty source.
 func New() *Source {
@@ -220,6 +227,11 @@ func (a *acker) Nak(_ context.Context, delay time.Duration) error {
 	rec := a.settle("nak")
 	a.s.mu.Lock()
 	rec.Naks++
+	if a.s.DeliveryLimit > 0 && a.e.attempt >= a.s.DeliveryLimit {
+		rec.Dropped = true
+		a.s.mu.Unlock()
+		return nil
+	}
 	next := *a.e
 	next.attempt++
 	if a.s.HonorDelay && delay > 0 {
