@@ -1,0 +1,198 @@
+package kafkaadapter
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/sluice-go/sluice/consumer"
+)
+
+// Defaults of Config.
+const (
+	DefaultCommitInterval     = time.Second
+	DefaultFetchMaxWait       = 250 * time.Millisecond
+	DefaultPollWait           = time.Second
+	DefaultRevokeGrace        = 2 * time.Second
+	DefaultLocalRetryMaxDelay = 5 * time.Second
+	DefaultSessionTimeout     = 10 * time.Second
+	DefaultHeartbeatInterval  = time.Second
+	DefaultRebalanceTimeout   = 10 * time.Second
+	maxFetchBytes             = 1 << 20
+)
+
+// Window is the route's admission window, the same numbers as
+// consumer.Route MaxInFlight and MaxInFlightBytes. The Source sizes its
+// prefetch from it.
+type Window struct {
+	Messages int
+	Bytes    int64
+}
+
+// Config configures a group Source. Brokers, GroupID, Topics and Window
+// are required; every other zero value picks the default named.
+type Config struct {
+	Brokers []string
+	GroupID string
+	Topics  []string
+	// Window is the route's window (required, both > 0).
+	Window Window
+
+	// PrefetchMessages and PrefetchBytes bound what the Source holds that
+	// the route's window does not: fetched records not handed out yet and
+	// messages waiting for an in-process retry. 0 means the window's
+	// numbers. A fetch is sent only when FetchMaxBytes more fit, so the
+	// bytes held stay below PrefetchBytes plus, per assigned partition, the
+	// amount by which one record batch exceeds FetchMaxBytes (a broker
+	// returns a whole first batch even when it is larger than asked; keep
+	// producer batches below FetchMaxBytes and there is no excess).
+	PrefetchMessages int
+	PrefetchBytes    int64
+	// FetchMaxBytes is the MaxBytes of one fetch request. 0 means
+	// PrefetchBytes/4, at most 1 MiB.
+	FetchMaxBytes int
+	// FetchMaxWait is how long the broker holds a fetch when no data is
+	// there. 0 means 250 ms. It also bounds how fast a partition's fetcher
+	// notices a rebalance.
+	FetchMaxWait time.Duration
+	// PollWait is the longest one Fetch blocks without a message. 0 means 1 s.
+	PollWait time.Duration
+
+	// CommitInterval is how often watermarks are committed. 0 means 1 s;
+	// negative is invalid.
+	CommitInterval time.Duration
+	// CommitEvery also commits once this many messages were settled since
+	// the last commit. 0 means interval only.
+	CommitEvery int
+	// StartOffset is where a partition without a committed offset starts:
+	// kafka.FirstOffset (the default, 0 means it) or kafka.LastOffset.
+	StartOffset int64
+
+	// Group membership timing; see kafka.ConsumerGroupConfig. 0 means 10 s,
+	// 1 s and 10 s. Brokers refuse session timeouts below their
+	// group.min.session.timeout.ms (6 s by default, kfake too).
+	SessionTimeout    time.Duration
+	HeartbeatInterval time.Duration
+	RebalanceTimeout  time.Duration
+	// RevokeGrace is how long, when a generation ends, the Source waits for
+	// messages it handed out from it to be settled before its final commit.
+	// Settlements after that are dropped: those messages are redelivered
+	// (duplicates). 0 means 2 s; negative means no wait.
+	RevokeGrace time.Duration
+
+	// LocalRetryMaxDelay: a Nak with a delay up to this stays in process
+	// (the message waits in the Source and is handed out again with Attempt
+	// + 1, without blocking its partition). Longer delays go to RetryTopic
+	// when set. 0 means 5 s.
+	LocalRetryMaxDelay time.Duration
+	// RetryTopic, when set, receives long retries with a not-before header;
+	// the Source also consumes it (add it to no other Source). "" keeps all
+	// retries in process.
+	RetryTopic string
+
+	// Dialer is used for the group coordinator. nil means kafka-go's default.
+	Dialer *kafka.Dialer
+	// Transport carries fetches and retry writes. nil means a Transport of
+	// the Source's own, whose idle connections Close closes.
+	Transport *kafka.Transport
+	// Logger and ErrorLogger receive kafka-go's group logs. nil: none.
+	Logger      kafka.Logger
+	ErrorLogger kafka.Logger
+	// Clock reads time for not-before decisions. nil means the system clock.
+	Clock consumer.Clock
+	// OnCommit, if set, is called after every accepted commit with the
+	// generation and the offsets committed (topic → partition → offset).
+	OnCommit func(generation int32, offsets map[string]map[int]int64)
+}
+
+func (c *Config) validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: kafka source: "+format, append([]any{consumer.ErrInvalidOption}, args...)...)
+	}
+	switch {
+	case len(c.Brokers) == 0:
+		return bad("no Brokers")
+	case c.GroupID == "":
+		return bad("no GroupID")
+	case len(c.Topics) == 0:
+		return bad("no Topics")
+	case c.Window.Messages <= 0 || c.Window.Bytes <= 0:
+		return bad("Window must be > 0, got %d messages / %d bytes", c.Window.Messages, c.Window.Bytes)
+	case c.PrefetchMessages < 0 || c.PrefetchBytes < 0 || c.FetchMaxBytes < 0:
+		return bad("prefetch sizes must not be negative")
+	case c.FetchMaxWait < 0 || c.PollWait < 0 || c.CommitInterval < 0 || c.LocalRetryMaxDelay < 0:
+		return bad("durations must not be negative")
+	case c.CommitEvery < 0:
+		return bad("CommitEvery must be >= 0, got %d", c.CommitEvery)
+	case c.StartOffset != 0 && c.StartOffset != kafka.FirstOffset && c.StartOffset != kafka.LastOffset:
+		return bad("StartOffset must be kafka.FirstOffset or kafka.LastOffset")
+	}
+	for _, t := range c.Topics {
+		if t == "" || t == c.RetryTopic {
+			return bad("topic %q is empty or the RetryTopic", t)
+		}
+	}
+	if c.PrefetchMessages == 0 {
+		c.PrefetchMessages = c.Window.Messages
+	}
+	if c.PrefetchBytes == 0 {
+		c.PrefetchBytes = c.Window.Bytes
+	}
+	if c.FetchMaxBytes == 0 {
+		c.FetchMaxBytes = int(min(c.PrefetchBytes/4, maxFetchBytes))
+	}
+	c.FetchMaxBytes = int(max(1, min(int64(c.FetchMaxBytes), c.PrefetchBytes)))
+	if c.FetchMaxWait == 0 {
+		c.FetchMaxWait = DefaultFetchMaxWait
+	}
+	if c.PollWait == 0 {
+		c.PollWait = DefaultPollWait
+	}
+	if c.CommitInterval == 0 {
+		c.CommitInterval = DefaultCommitInterval
+	}
+	if c.StartOffset == 0 {
+		c.StartOffset = kafka.FirstOffset
+	}
+	if c.SessionTimeout == 0 {
+		c.SessionTimeout = DefaultSessionTimeout
+	}
+	if c.HeartbeatInterval == 0 {
+		c.HeartbeatInterval = DefaultHeartbeatInterval
+	}
+	if c.RebalanceTimeout == 0 {
+		c.RebalanceTimeout = DefaultRebalanceTimeout
+	}
+	if c.RevokeGrace == 0 {
+		c.RevokeGrace = DefaultRevokeGrace
+	}
+	if c.LocalRetryMaxDelay == 0 {
+		c.LocalRetryMaxDelay = DefaultLocalRetryMaxDelay
+	}
+	return nil
+}
+
+// ConfigFromReader builds a Config from a kafka-go group ReaderConfig
+// (GroupID, Brokers, GroupTopics or Topic, Dialer, StartOffset, session,
+// heartbeat and rebalance timing, CommitInterval, MaxBytes, MaxWait,
+// loggers), so an application that configured a kafka.Reader can move to a
+// Source without restating it. QueueCapacity is replaced by the window.
+func ConfigFromReader(rc kafka.ReaderConfig, window Window) Config {
+	topics := rc.GroupTopics
+	if len(topics) == 0 && rc.Topic != "" {
+		topics = []string{rc.Topic}
+	}
+	c := Config{
+		Brokers: rc.Brokers, GroupID: rc.GroupID, Topics: topics, Window: window,
+		Dialer: rc.Dialer, StartOffset: rc.StartOffset,
+		SessionTimeout: rc.SessionTimeout, HeartbeatInterval: rc.HeartbeatInterval,
+		RebalanceTimeout: rc.RebalanceTimeout, CommitInterval: rc.CommitInterval,
+		FetchMaxBytes: rc.MaxBytes, FetchMaxWait: rc.MaxWait,
+		Logger: rc.Logger, ErrorLogger: rc.ErrorLogger,
+	}
+	if c.CommitInterval < 0 {
+		c.CommitInterval = 0
+	}
+	return c
+}

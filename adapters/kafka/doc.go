@@ -1,0 +1,69 @@
+// Package kafkaadapter connects sluice to Kafka through
+// github.com/segmentio/kafka-go: a consumer-group Source with per-partition
+// commit watermarks, a dead-letter Sink writing to a topic, and an optional
+// retry topic for long retries.
+//
+// The directory is named kafka, but the package is kafkaadapter so it does
+// not collide with github.com/segmentio/kafka-go. Import it as
+//
+//	kafkaadapter "github.com/sluice-go/sluice/adapters/kafka"
+//
+// # Memory
+//
+// The Source fetches each assigned partition with kafka-go's Client.Fetch
+// into one buffer bounded by Config.PrefetchBytes and PrefetchMessages
+// (default: the route window). A fetch is sent only when FetchMaxBytes more
+// fit; a broker may still return a whole first record batch larger than
+// asked, so the bound is PrefetchBytes plus, per partition, the excess of
+// one batch over FetchMaxBytes (Source.Bound). When the route's window is
+// full the buffer stays full and no fetch is sent: slowness becomes
+// consumer lag at the broker, not memory in the process.
+//
+// # Commits
+//
+// Messages of one partition complete out of order. Each partition has a
+// Watermark; the Source commits only the lowest offset not yet settled
+// (acked, dead-lettered, expired, or written to the retry topic), batched
+// every CommitInterval and optionally every CommitEvery settlements, never
+// backwards. This avoids the kafka-go Reader behaviour of committing past
+// unfinished work when handlers complete out of order (kafka-go #202, #764).
+//
+// # Rebalances
+//
+// The Source runs on kafka-go's ConsumerGroup and Generation API. When a
+// generation ends it stops handing out that generation's buffered messages,
+// waits up to RevokeGrace for the messages already handed out, commits the
+// watermarks once more inside the old generation, and then drops any later
+// settlement: nothing is committed for a partition it no longer owns or
+// with a stale generation (kafka-go #1308, #1398). The price is duplicates:
+// messages settled after RevokeGrace, and settled messages above an
+// unsettled one, are delivered again to the partition's next owner, since
+// the group protocol (eager rebalancing) revokes every partition on each
+// rebalance.
+//
+// # Retries
+//
+// Nak(delay) keeps the message in the Source when delay is at most
+// LocalRetryMaxDelay: it is handed out again after the delay with Attempt+1
+// and does not block its partition (the partition's commit waits for it).
+// Longer delays go to Config.RetryTopic, when set, with the original key,
+// value and headers plus Sluice-Retry-Not-Before, -Attempt, -First-Failure,
+// and the origin topic, partition, offset and publish time; the original is
+// settled only after all replicas stored the copy. If that write fails the
+// message stays in process. The Source consumes the retry topic too and
+// holds each retry until its not-before.
+//
+// # Embedding
+//
+// ConfigFromReader turns an existing kafka.ReaderConfig into a Config for
+// NewSource. NewReaderSource wraps a live group *kafka.Reader instead,
+// committing watermarks through CommitMessages; the plain Reader hides
+// rebalances, so that Source cannot fence commits by generation (see its
+// doc for what that means).
+//
+// # Deadlines
+//
+// Message.PublishedAt is the record timestamp (the original's for retries),
+// so consumer.Route.Expiry's MaxAge and deadline header apply as for any
+// broker.
+package kafkaadapter

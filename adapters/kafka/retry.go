@@ -1,0 +1,125 @@
+package kafkaadapter
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+)
+
+// Headers of a retry-topic record. The original key, value and headers are
+// kept; these say when and what it retries.
+const (
+	RetryHeaderPrefix       = "Sluice-Retry-"
+	HeaderNotBefore         = "Sluice-Retry-Not-Before" // RFC 3339, UTC
+	HeaderAttempt           = "Sluice-Retry-Attempt"    // the attempt the retry is
+	HeaderFirstFailure      = "Sluice-Retry-First-Failure"
+	HeaderOriginTopic       = "Sluice-Retry-Origin-Topic"
+	HeaderOriginPartition   = "Sluice-Retry-Origin-Partition"
+	HeaderOriginOffset      = "Sluice-Retry-Origin-Offset"
+	HeaderOriginPublishedAt = "Sluice-Retry-Published-At"
+)
+
+// newWriter returns a synchronous writer that waits for all in-sync
+// replicas, on transport.
+func newWriter(brokers []string, topic string, transport *kafka.Transport) *kafka.Writer {
+	return &kafka.Writer{
+		Addr:         kafka.TCP(brokers...),
+		Topic:        topic,
+		Balancer:     &kafka.Hash{},
+		RequiredAcks: kafka.RequireAll,
+		BatchTimeout: time.Millisecond,
+		BatchSize:    100,
+		MaxAttempts:  3,
+		WriteTimeout: 10 * time.Second,
+		Transport:    transport,
+	}
+}
+
+func kafkaHeaders(h map[string][]string, skipPrefix string) []kafka.Header {
+	keys := make([]string, 0, len(h))
+	for k := range h {
+		if skipPrefix != "" && strings.HasPrefix(k, skipPrefix) {
+			continue
+		}
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var out []kafka.Header
+	for _, k := range keys {
+		for _, v := range h[k] {
+			out = append(out, kafka.Header{Key: k, Value: []byte(v)})
+		}
+	}
+	return out
+}
+
+// writeRetry writes r to the retry topic to be handed out again at
+// notBefore as the next attempt, and returns once all replicas have it.
+func (s *Source) writeRetry(ctx context.Context, r *record, now, notBefore time.Time) error {
+	first := r.firstFailure
+	if first.IsZero() {
+		first = now
+	}
+	hs := kafkaHeaders(r.headers, RetryHeaderPrefix)
+	add := func(k, v string) { hs = append(hs, kafka.Header{Key: k, Value: []byte(v)}) }
+	add(HeaderNotBefore, notBefore.UTC().Format(time.RFC3339Nano))
+	add(HeaderAttempt, strconv.Itoa(r.attempt+1))
+	add(HeaderFirstFailure, first.UTC().Format(time.RFC3339Nano))
+	add(HeaderOriginTopic, r.origin.Topic)
+	add(HeaderOriginPartition, strconv.Itoa(int(r.origin.Partition)))
+	add(HeaderOriginOffset, strconv.FormatInt(r.origin.Offset, 10))
+	if !r.time.IsZero() {
+		add(HeaderOriginPublishedAt, r.time.UTC().Format(time.RFC3339Nano))
+	}
+	if err := s.retryW.WriteMessages(ctx, kafka.Message{Key: r.key, Value: r.value, Headers: hs}); err != nil {
+		return fmt.Errorf("kafka source: retry topic %s: %w", s.cfg.RetryTopic, err)
+	}
+	return nil
+}
+
+// parseRetry reads the retry headers of a retry-topic record into r and
+// removes them from the headers the handler sees. A record without them
+// (written by someone else) is delivered as it is, due now.
+func parseRetry(r *record, now time.Time) {
+	get := func(k string) string {
+		if v := r.headers[k]; len(v) > 0 {
+			return v[0]
+		}
+		return ""
+	}
+	r.due = now
+	if t, err := time.Parse(time.RFC3339Nano, get(HeaderNotBefore)); err == nil {
+		r.due = t
+	}
+	if n, err := strconv.Atoi(get(HeaderAttempt)); err == nil && n > 0 {
+		r.attempt = n
+	}
+	if t, err := time.Parse(time.RFC3339Nano, get(HeaderFirstFailure)); err == nil {
+		r.firstFailure = t
+	}
+	if t, err := time.Parse(time.RFC3339Nano, get(HeaderOriginPublishedAt)); err == nil {
+		r.time = t
+	}
+	if topic := get(HeaderOriginTopic); topic != "" {
+		r.origin.Topic = topic
+		if p, err := strconv.Atoi(get(HeaderOriginPartition)); err == nil {
+			r.origin.Partition = int32(p)
+		}
+		if o, err := strconv.ParseInt(get(HeaderOriginOffset), 10, 64); err == nil {
+			r.origin.Offset = o
+		}
+	}
+	for k := range r.headers {
+		if strings.HasPrefix(k, RetryHeaderPrefix) {
+			delete(r.headers, k)
+		}
+	}
+	if len(r.headers) == 0 {
+		r.headers = nil
+	}
+}

@@ -1,0 +1,638 @@
+package kafkaadapter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync/atomic"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/protocol"
+
+	"github.com/sluice-go/sluice/consumer"
+	"github.com/sluice-go/sluice/dlq"
+)
+
+// Source is a consumer.Source over a Kafka consumer group, built on
+// kafka-go's ConsumerGroup and Generation API. Each generation's assigned
+// partitions are fetched into a bounded buffer (see Config.PrefetchBytes);
+// every partition has a Watermark, and only its commit point is committed,
+// batched every CommitInterval, within the generation that delivered the
+// messages.
+//
+// Create it with NewSource; it joins the group at once. Fetch is for one
+// route's fetch loop; Ack, Nak and Term may come from any goroutine. Close it
+// after the consumer's Run has returned.
+type Source struct {
+	cfg       Config
+	cg        *kafka.ConsumerGroup
+	client    *kafka.Client
+	transport *kafka.Transport
+	ownTrans  bool
+	retryW    *kafka.Writer
+	buf       *buffer
+	clock     consumer.Clock
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	done   chan struct{}
+	closed atomic.Bool
+
+	cur   atomic.Pointer[generation]
+	stats counters
+	out   []*record // Fetch scratch
+
+	rd *readerState // set by NewReaderSource
+}
+
+var _ consumer.Source = (*Source)(nil)
+
+type generation struct {
+	src         *Source
+	g           *kafka.Generation
+	id          int32
+	parts       []*partition
+	ending      atomic.Bool  // stop handing out; set when the generation ends
+	revoked     atomic.Bool  // drop settlements; set after the final commit
+	outstanding atomic.Int64 // handed out, not settled or put back
+	settled     atomic.Int64 // since the last commit, for CommitEvery
+	kick        chan struct{}
+}
+
+type partition struct {
+	gen   *generation
+	topic string
+	id    int
+	wm    *Watermark
+	retry bool
+}
+
+// record is one fetched message and, while handed out, its Acker.
+type record struct {
+	part         *partition
+	offset       int64
+	key, value   []byte
+	headers      consumer.Headers
+	time         time.Time
+	attempt      int
+	firstFailure time.Time
+	origin       dlq.Origin
+	size         int64
+	due          time.Time
+}
+
+type counters struct {
+	fetched, fetchErrors, commits, commitErrors, staleSettles, dropped,
+	localRetries, retryWrites, retryWriteErrors, generations, fenced atomic.Int64
+}
+
+// Stats is a snapshot of a Source's counters.
+type Stats struct {
+	Fetched      int64 // records fetched from the broker
+	FetchErrors  int64
+	Commits      int64 // accepted commit requests
+	CommitErrors int64
+	// FencedCommits counts commits the broker refused for a stale
+	// generation or unknown member (included in CommitErrors).
+	FencedCommits int64
+	// StaleSettles counts settlements that arrived after their generation
+	// ended: not committed, so those messages are delivered again.
+	StaleSettles int64
+	// Dropped counts buffered records discarded because their generation
+	// ended before they were handed out (fetched again by the new owner).
+	Dropped          int64
+	LocalRetries     int64 // Naks kept in process
+	RetryWrites      int64 // Naks written to the retry topic
+	RetryWriteErrors int64
+	Generations      int64
+	// Buffered and BufferedBytes are what the Source holds now, outside the
+	// route's window; PeakBytes the most it held (reservations included).
+	Buffered      int
+	BufferedBytes int64
+	PeakBytes     int64
+	// Generation is the current generation id, -1 between generations.
+	Generation int32
+}
+
+// NewSource validates cfg and joins the group in the background.
+func NewSource(cfg Config) (*Source, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	topics := append([]string(nil), cfg.Topics...)
+	if cfg.RetryTopic != "" {
+		topics = append(topics, cfg.RetryTopic)
+	}
+	cg, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{
+		ID: cfg.GroupID, Brokers: cfg.Brokers, Dialer: cfg.Dialer, Topics: topics,
+		SessionTimeout: cfg.SessionTimeout, HeartbeatInterval: cfg.HeartbeatInterval,
+		RebalanceTimeout: cfg.RebalanceTimeout, JoinGroupBackoff: 500 * time.Millisecond,
+		StartOffset: cfg.StartOffset, Logger: cfg.Logger, ErrorLogger: cfg.ErrorLogger,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w: kafka source: %v", consumer.ErrInvalidOption, err)
+	}
+	s := &Source{cfg: cfg, cg: cg, clock: cfg.Clock, done: make(chan struct{})}
+	if s.clock == nil {
+		s.clock = sysClock{}
+	}
+	s.transport = cfg.Transport
+	if s.transport == nil {
+		s.transport, s.ownTrans = &kafka.Transport{}, true
+	}
+	s.client = &kafka.Client{Addr: kafka.TCP(cfg.Brokers...), Transport: s.transport}
+	s.buf = newBuffer(cfg.PrefetchMessages, cfg.PrefetchBytes)
+	if cfg.RetryTopic != "" {
+		s.retryW = newWriter(cfg.Brokers, cfg.RetryTopic, s.transport)
+	}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	go s.run()
+	return s, nil
+}
+
+type sysClock struct{}
+
+func (sysClock) Now() time.Time { return time.Now() }
+
+// Close leaves the group after a final commit of what is settled, and
+// releases connections. Messages not settled by then are delivered again
+// to whoever owns their partitions next. It is safe to call more than once.
+func (s *Source) Close() error {
+	if s.closed.Swap(true) {
+		return nil
+	}
+	s.cancel()
+	var err error
+	if s.cg != nil {
+		err = s.cg.Close()
+	}
+	<-s.done
+	if s.retryW != nil {
+		err = errors.Join(err, s.retryW.Close())
+	}
+	if s.ownTrans {
+		s.transport.CloseIdleConnections()
+	}
+	return err
+}
+
+// Stats returns a snapshot of the counters.
+func (s *Source) Stats() Stats {
+	st := Stats{
+		Fetched: s.stats.fetched.Load(), FetchErrors: s.stats.fetchErrors.Load(),
+		Commits: s.stats.commits.Load(), CommitErrors: s.stats.commitErrors.Load(), FencedCommits: s.stats.fenced.Load(),
+		StaleSettles: s.stats.staleSettles.Load(), Dropped: s.stats.dropped.Load(),
+		LocalRetries: s.stats.localRetries.Load(), RetryWrites: s.stats.retryWrites.Load(),
+		RetryWriteErrors: s.stats.retryWriteErrors.Load(), Generations: s.stats.generations.Load(),
+		Generation: -1,
+	}
+	st.Buffered, st.BufferedBytes, st.PeakBytes = s.buf.usage()
+	if g := s.cur.Load(); g != nil && !g.ending.Load() {
+		st.Generation = g.id
+	}
+	return st
+}
+
+// Assigned returns the partitions of the current generation, topic →
+// partition ids (nil between generations).
+func (s *Source) Assigned() map[string][]int {
+	g := s.cur.Load()
+	if g == nil || g.ending.Load() {
+		return nil
+	}
+	out := map[string][]int{}
+	for _, p := range g.parts {
+		out[p.topic] = append(out[p.topic], p.id)
+	}
+	return out
+}
+
+// Bound returns the most bytes the Source holds outside the route window,
+// given the largest record batch the producers write (0 if none is larger
+// than FetchMaxBytes) and how many partitions it may be assigned.
+func (s *Source) Bound(maxBatch int64, partitions int) int64 {
+	return s.cfg.PrefetchBytes + int64(partitions)*max(0, maxBatch-int64(s.cfg.FetchMaxBytes))
+}
+
+func (s *Source) run() {
+	defer close(s.done)
+	for {
+		g, err := s.cg.Next(s.ctx)
+		if err != nil {
+			if s.ctx.Err() != nil || errors.Is(err, kafka.ErrGroupClosed) {
+				return
+			}
+			s.errorf("kafka source: group %s: %v", s.cfg.GroupID, err)
+			continue
+		}
+		s.start(g)
+	}
+}
+
+func (s *Source) errorf(format string, args ...any) {
+	if s.cfg.ErrorLogger != nil {
+		s.cfg.ErrorLogger.Printf(format, args...)
+	}
+}
+
+func (s *Source) start(g *kafka.Generation) {
+	s.stats.generations.Add(1)
+	gen := &generation{src: s, g: g, id: g.ID, kick: make(chan struct{}, 1)}
+	type start struct {
+		p      *partition
+		offset int64
+	}
+	var starts []start
+	for topic, as := range g.Assignments {
+		for _, a := range as {
+			p := &partition{gen: gen, topic: topic, id: a.ID, wm: NewWatermark(), retry: topic == s.cfg.RetryTopic}
+			gen.parts = append(gen.parts, p)
+			starts = append(starts, start{p, a.Offset})
+		}
+	}
+	if old := s.cur.Swap(gen); old != nil {
+		old.ending.Store(true)
+	}
+	for _, st := range starts {
+		g.Start(func(ctx context.Context) { s.fetchLoop(ctx, st.p, st.offset) })
+	}
+	g.Start(func(ctx context.Context) { s.commitLoop(ctx, gen) })
+}
+
+// fetchLoop pulls one partition while its generation lasts, sending a
+// request only when the buffer has room for FetchMaxBytes more.
+func (s *Source) fetchLoop(ctx context.Context, p *partition, offset int64) {
+	backoff := 20 * time.Millisecond
+	want := int64(s.cfg.FetchMaxBytes)
+	pause := func() bool {
+		t := time.NewTimer(backoff)
+		defer t.Stop()
+		backoff = min(backoff*2, time.Second)
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+			return true
+		}
+	}
+	for ctx.Err() == nil {
+		if offset < 0 {
+			off, err := s.resolve(ctx, p, offset)
+			if err != nil {
+				s.stats.fetchErrors.Add(1)
+				if !pause() {
+					return
+				}
+				continue
+			}
+			offset = off
+		}
+		if err := s.buf.reserve(ctx, want); err != nil {
+			return
+		}
+		recs, next, err := s.fetchOnce(ctx, p, offset, want)
+		if p.retry && err == nil && len(recs) > 0 {
+			// Retries wait for their not-before with the reservation held,
+			// so the records not yet handed over stay counted.
+			s.stats.fetched.Add(int64(len(recs)))
+			ok := s.pushRetries(ctx, p, recs)
+			s.buf.settleReservation(want)
+			if !ok {
+				return
+			}
+			offset = next
+			continue
+		}
+		s.buf.settleReservation(want)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			s.stats.fetchErrors.Add(1)
+			if errors.Is(err, kafka.OffsetOutOfRange) {
+				offset = s.cfg.StartOffset
+			}
+			if !pause() {
+				return
+			}
+			continue
+		}
+		backoff = 20 * time.Millisecond
+		offset = next
+		if len(recs) == 0 {
+			continue
+		}
+		s.stats.fetched.Add(int64(len(recs)))
+		for _, r := range recs {
+			p.wm.Deliver(r.offset)
+		}
+		s.buf.push(recs)
+	}
+}
+
+// pushRetries hands retry-topic records over one by one as their
+// not-before passes: the retry partition waits, no other partition does.
+func (s *Source) pushRetries(ctx context.Context, p *partition, recs []*record) bool {
+	for _, r := range recs {
+		if wait := r.due.Sub(s.clock.Now()); wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return false
+			case <-t.C:
+			}
+		}
+		p.wm.Deliver(r.offset)
+		s.buf.push([]*record{r})
+	}
+	return true
+}
+
+func (s *Source) resolve(ctx context.Context, p *partition, which int64) (int64, error) {
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	res, err := s.client.ListOffsets(rctx, &kafka.ListOffsetsRequest{
+		Topics: map[string][]kafka.OffsetRequest{p.topic: {{Partition: p.id, Timestamp: which}}},
+	})
+	if err != nil {
+		return 0, err
+	}
+	for _, po := range res.Topics[p.topic] {
+		if po.Partition == p.id {
+			if po.Error != nil {
+				return 0, po.Error
+			}
+			if which == kafka.LastOffset {
+				return po.LastOffset, nil
+			}
+			return po.FirstOffset, nil
+		}
+	}
+	return 0, fmt.Errorf("kafka source: no offsets for %s/%d", p.topic, p.id)
+}
+
+func (s *Source) fetchOnce(ctx context.Context, p *partition, offset, maxBytes int64) ([]*record, int64, error) {
+	fctx, cancel := context.WithTimeout(ctx, s.cfg.FetchMaxWait+15*time.Second)
+	defer cancel()
+	res, err := s.client.Fetch(fctx, &kafka.FetchRequest{
+		Topic: p.topic, Partition: p.id, Offset: offset,
+		MinBytes: 1, MaxBytes: maxBytes, MaxWait: s.cfg.FetchMaxWait,
+	})
+	if err != nil {
+		return nil, offset, err
+	}
+	if res.Error != nil {
+		return nil, offset, res.Error
+	}
+	var out []*record
+	now := s.clock.Now()
+	for {
+		kr, err := res.Records.ReadRecord()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			return out, offset, err
+		}
+		if kr.Offset < offset {
+			continue
+		}
+		r, err := s.convert(p, kr, now)
+		if err != nil {
+			return out, offset, err
+		}
+		out = append(out, r)
+		offset = kr.Offset + 1
+	}
+	return out, offset, nil
+}
+
+func (s *Source) convert(p *partition, kr *kafka.Record, now time.Time) (*record, error) {
+	key, err := protocol.ReadAll(kr.Key)
+	if err != nil {
+		return nil, err
+	}
+	value, err := protocol.ReadAll(kr.Value)
+	if err != nil {
+		return nil, err
+	}
+	r := &record{
+		part: p, offset: kr.Offset, key: key, value: value, time: kr.Time, attempt: 1,
+		origin: dlq.Origin{Topic: p.topic, Partition: int32(p.id), Offset: kr.Offset, Group: s.cfg.GroupID},
+	}
+	size := int64(len(key) + len(value))
+	if len(kr.Headers) > 0 {
+		r.headers = make(consumer.Headers, len(kr.Headers))
+		for _, h := range kr.Headers {
+			r.headers[h.Key] = append(r.headers[h.Key], string(h.Value))
+			size += int64(len(h.Key) + len(h.Value))
+		}
+	}
+	r.size = max(size, 1)
+	if p.retry {
+		parseRetry(r, now)
+	}
+	return r, nil
+}
+
+// Fetch hands out up to maxMessages buffered messages totalling at most
+// maxBytes (or one larger message alone), waiting at most PollWait for the
+// first. Due in-process retries come first.
+func (s *Source) Fetch(ctx context.Context, maxMessages int, maxBytes int64) ([]*consumer.Message, error) {
+	if s.closed.Load() {
+		return nil, fmt.Errorf("kafka source: %w", consumer.ErrClosed)
+	}
+	// A done ctx returns at once, before taking anything: on shutdown the
+	// consumer naks what it fetches straight back (Nak(0) requeues in
+	// process), and handing it out again would go round in circles.
+	if err := ctx.Err(); err != nil || maxMessages <= 0 {
+		return nil, err
+	}
+	var poll *time.Timer
+	defer func() {
+		if poll != nil {
+			poll.Stop()
+		}
+	}()
+	for {
+		recs, next := s.buf.take(s.clock.Now(), maxMessages, maxBytes, s.out[:0])
+		if len(recs) > 0 {
+			out := make([]*consumer.Message, len(recs))
+			ms := make([]consumer.Message, len(recs))
+			for i, r := range recs {
+				r.part.gen.outstanding.Add(1)
+				ms[i] = consumer.Message{
+					Topic: r.origin.Topic, Key: r.key, Value: r.value, Headers: r.headers,
+					PublishedAt: r.time, Attempt: r.attempt, Size: r.size, Origin: r.origin,
+					FirstFailure: r.firstFailure, Acker: r,
+				}
+				out[i] = &ms[i]
+				recs[i] = nil
+			}
+			s.out = recs[:0]
+			return out, nil
+		}
+		if poll == nil {
+			poll = time.NewTimer(s.cfg.PollWait)
+		}
+		var dueC <-chan time.Time
+		var due *time.Timer
+		if !next.IsZero() {
+			due = time.NewTimer(max(next.Sub(s.clock.Now()), time.Millisecond))
+			dueC = due.C
+		}
+		var err error
+		stop := true
+		select {
+		case <-ctx.Done():
+			err = ctx.Err()
+		case <-poll.C:
+		case <-s.done:
+			err = fmt.Errorf("kafka source: %w", consumer.ErrClosed)
+		case <-s.buf.wake:
+			stop = false
+		case <-dueC:
+			stop = false
+		}
+		if due != nil {
+			due.Stop()
+		}
+		if stop {
+			return nil, err
+		}
+	}
+}
+
+// commitLoop commits the generation's watermarks every CommitInterval (or
+// after CommitEvery settlements) and, when the generation ends, stops
+// handing its messages out, waits RevokeGrace for those in flight, commits
+// once more and drops later settlements.
+func (s *Source) commitLoop(ctx context.Context, g *generation) {
+	t := time.NewTicker(s.cfg.CommitInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			g.ending.Store(true)
+			s.stats.dropped.Add(int64(s.buf.purge(g)))
+			if s.cfg.RevokeGrace > 0 {
+				deadline := time.Now().Add(s.cfg.RevokeGrace)
+				for g.outstanding.Load() > 0 && time.Now().Before(deadline) {
+					time.Sleep(5 * time.Millisecond)
+				}
+			}
+			s.commit(g)
+			g.revoked.Store(true)
+			s.cur.CompareAndSwap(g, nil)
+			return
+		case <-t.C:
+		case <-g.kick:
+		}
+		s.commit(g)
+	}
+}
+
+func (s *Source) commit(g *generation) {
+	offsets := map[string]map[int]int64{}
+	type done struct {
+		p   *partition
+		off int64
+	}
+	var marks []done
+	for _, p := range g.parts {
+		if off, ok := p.wm.Commit(); ok {
+			if offsets[p.topic] == nil {
+				offsets[p.topic] = map[int]int64{}
+			}
+			offsets[p.topic][p.id] = off
+			marks = append(marks, done{p, off})
+		}
+	}
+	if len(marks) == 0 {
+		return
+	}
+	g.settled.Store(0)
+	if err := g.g.CommitOffsets(offsets); err != nil {
+		s.stats.commitErrors.Add(1)
+		if errors.Is(err, kafka.IllegalGeneration) || errors.Is(err, kafka.UnknownMemberId) || errors.Is(err, kafka.FencedInstanceID) {
+			s.stats.fenced.Add(1)
+		}
+		s.errorf("kafka source: commit generation %d: %v", g.id, err)
+		return
+	}
+	for _, m := range marks {
+		m.p.wm.Committed(m.off)
+	}
+	s.stats.commits.Add(1)
+	if s.cfg.OnCommit != nil {
+		s.cfg.OnCommit(g.id, offsets)
+	}
+}
+
+// settle marks r settled in its partition's watermark, unless the
+// generation that delivered it is over.
+func (r *record) settle() {
+	g := r.part.gen
+	g.outstanding.Add(-1)
+	if g.revoked.Load() {
+		g.src.stats.staleSettles.Add(1)
+		return
+	}
+	r.part.wm.Settle(r.offset)
+	if n := g.src.cfg.CommitEvery; n > 0 && g.settled.Add(1) >= int64(n) {
+		select {
+		case g.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Ack settles a processed message.
+func (r *record) Ack(context.Context) error { r.settle(); return nil }
+
+// Term settles a message that must not come back (dead-lettered, expired or
+// terminated by the consumer).
+func (r *record) Term(context.Context, string) error { r.settle(); return nil }
+
+// InProgress does nothing: Kafka has no per-message ack deadline.
+func (r *record) InProgress(context.Context) error { return nil }
+
+// Nak puts the message back for another attempt without blocking its
+// partition: in process for delays up to LocalRetryMaxDelay, otherwise
+// (and when the buffer is full) through the retry topic if there is one.
+// The original is settled only after the retry topic acknowledged the copy;
+// a failed write keeps it in process. A message whose generation is over
+// is dropped: it is not committed, so it is delivered again.
+func (r *record) Nak(ctx context.Context, delay time.Duration) error {
+	g := r.part.gen
+	s := g.src
+	if g.ending.Load() {
+		g.outstanding.Add(-1)
+		s.stats.staleSettles.Add(1)
+		return nil
+	}
+	now := s.clock.Now()
+	if s.retryW != nil && (delay > s.cfg.LocalRetryMaxDelay || s.buf.full(r)) {
+		if err := s.writeRetry(ctx, r, now, now.Add(delay)); err == nil {
+			s.stats.retryWrites.Add(1)
+			r.settle()
+			return nil
+		}
+		s.stats.retryWriteErrors.Add(1)
+		delay = min(delay, s.cfg.LocalRetryMaxDelay)
+	}
+	g.outstanding.Add(-1)
+	s.stats.localRetries.Add(1)
+	if r.firstFailure.IsZero() {
+		r.firstFailure = now
+	}
+	r.attempt++
+	r.due = now.Add(delay)
+	s.buf.pushDelayed(r)
+	return nil
+}
+
+var _ consumer.Acker = (*record)(nil)

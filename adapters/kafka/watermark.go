@@ -1,0 +1,118 @@
+package kafkaadapter
+
+import (
+	"sort"
+	"sync"
+)
+
+// Watermark tracks one partition's delivered offsets and which of them are
+// settled, and yields the offset that is safe to commit: the lowest offset
+// delivered but not settled, or one past the last delivered offset when
+// everything is settled. Offsets the broker never delivered (compacted away,
+// transaction markers) are skipped, since only delivered offsets are
+// tracked.
+//
+// Deliver offsets in increasing order; Settle them in any order. The zero
+// value is not usable: create it with NewWatermark. It is safe for
+// concurrent use.
+type Watermark struct {
+	mu        sync.Mutex
+	offs      []int64 // delivered, ascending; offs[head:] are live
+	done      []bool  // settled flags, parallel to offs
+	head      int
+	next      int64 // one past the last delivered offset; -1 before the first
+	committed int64 // last commit point handed out by Commit; -1 none
+	pending   int   // delivered, not settled
+}
+
+// NewWatermark returns a tracker with nothing delivered.
+func NewWatermark() *Watermark { return &Watermark{next: -1, committed: -1} }
+
+// Deliver records that offset was handed out. Offsets at or below the last
+// delivered one are ignored and reported false (a broker batch that starts
+// before the requested offset).
+func (w *Watermark) Deliver(offset int64) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.next >= 0 && offset < w.next {
+		return false
+	}
+	w.offs = append(w.offs, offset)
+	w.done = append(w.done, false)
+	w.next = offset + 1
+	w.pending++
+	return true
+}
+
+// Settle marks offset settled. It reports false when offset was never
+// delivered, or was settled before (the second settle changes nothing).
+func (w *Watermark) Settle(offset int64) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	live := w.offs[w.head:]
+	i := sort.Search(len(live), func(i int) bool { return live[i] >= offset })
+	if i == len(live) || live[i] != offset || w.done[w.head+i] {
+		return false
+	}
+	w.done[w.head+i] = true
+	w.pending--
+	for w.head < len(w.offs) && w.done[w.head] {
+		w.head++
+	}
+	if w.head > 1024 && w.head*2 > len(w.offs) {
+		n := copy(w.offs, w.offs[w.head:])
+		copy(w.done, w.done[w.head:])
+		w.offs, w.done, w.head = w.offs[:n], w.done[:n], 0
+	}
+	return true
+}
+
+// Point returns the commit point (the next offset to consume once
+// everything below it is done) and false when nothing was delivered yet.
+func (w *Watermark) Point() (int64, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.point()
+}
+
+func (w *Watermark) point() (int64, bool) {
+	if w.head < len(w.offs) {
+		return w.offs[w.head], true
+	}
+	return w.next, w.next >= 0
+}
+
+// Pending returns how many delivered offsets are not settled.
+func (w *Watermark) Pending() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.pending
+}
+
+// Commit returns the commit point if it moved beyond the last one handed
+// out by Commit (a commit never goes backwards), and false otherwise. Call
+// Committed after the broker accepted it, or nothing when it failed (the
+// next Commit offers it again).
+func (w *Watermark) Commit() (int64, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	p, ok := w.point()
+	if !ok || p <= w.committed {
+		return 0, false
+	}
+	return p, true
+}
+
+// Committed records that offset was committed.
+func (w *Watermark) Committed(offset int64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.committed = max(w.committed, offset)
+}
+
+// LastCommitted returns the highest committed offset, -1 when none.
+func (w *Watermark) LastCommitted() int64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.committed
+}

@@ -1,0 +1,213 @@
+// Command kafka runs two sluice routes over Kafka consumer groups under a
+// burst far above their capacity: critical orders and sheddable reports,
+// each with its own window and workers, dead letters to a Kafka topic.
+// It is the NATS quick start (examples/quickstart) on Kafka.
+//
+//	go run ./examples/kafka
+//
+// It starts an embedded kfake cluster unless $KAFKA_BROKERS is set
+// (host:port[,host:port]), and prints a table per route when orders are all
+// settled or after 20 s.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"strconv"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	kafkaadapter "github.com/sluice-go/sluice/adapters/kafka"
+	"github.com/sluice-go/sluice/backpressure"
+	"github.com/sluice-go/sluice/consumer"
+	"github.com/sluice-go/sluice/expiry"
+	"github.com/sluice-go/sluice/internal/kafkatest"
+)
+
+const (
+	numOrders  = 3000
+	numReports = 600
+	numPoison  = 10
+)
+
+func main() {
+	if err := run(); err != nil {
+		log.Fatal(err)
+	}
+}
+
+func run() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 28*time.Second)
+	defer cancel()
+
+	cl, err := kafkatest.New()
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	fmt.Printf("%s cluster at %v\n", cl.Kind(), cl.Brokers)
+
+	orders, reports, dead := kafkatest.UniqueName("orders"), kafkatest.UniqueName("reports"), kafkatest.UniqueName("dlq")
+	for topic, parts := range map[string]int{orders: 4, reports: 2, dead: 1} {
+		if err := cl.CreateTopic(ctx, topic, parts); err != nil {
+			return err
+		}
+	}
+	sink, err := kafkaadapter.NewDeadLetterSink(cl.Brokers, dead)
+	if err != nil {
+		return err
+	}
+	defer sink.Close()
+
+	// The burst: everything is produced before the consumer starts.
+	now := time.Now()
+	msg := func(i int, deadline time.Time, poison bool) kafka.Message {
+		h := []kafka.Header{{Key: expiry.DefaultHeader, Value: []byte(expiry.FormatDeadline(deadline))}}
+		if poison {
+			h = append(h, kafka.Header{Key: "Poison", Value: []byte("1")})
+		}
+		return kafka.Message{Key: []byte(strconv.Itoa(i)), Value: []byte(strconv.Itoa(i)), Headers: h}
+	}
+	var om, rm []kafka.Message
+	for i := range numOrders {
+		dl := now.Add(time.Minute)
+		if i%50 == 0 {
+			dl = now.Add(time.Millisecond) // already about to expire
+		}
+		om = append(om, msg(i, dl, i%(numOrders/numPoison) == 7))
+	}
+	for i := range numReports {
+		rm = append(rm, msg(i, now.Add(10*time.Second), false)) // the tail will be stale
+	}
+	if err := cl.Produce(ctx, orders, om); err != nil {
+		return err
+	}
+	if err := cl.Produce(ctx, reports, rm); err != nil {
+		return err
+	}
+	fmt.Printf("produced %d orders (%d poison) and %d reports\n", numOrders, numPoison, numReports)
+
+	ordersWin := kafkaadapter.Window{Messages: 64, Bytes: 1 << 20}
+	reportsWin := kafkaadapter.Window{Messages: 8, Bytes: 256 << 10}
+	source := func(topic string, w kafkaadapter.Window) (*kafkaadapter.Source, error) {
+		return kafkaadapter.NewSource(kafkaadapter.Config{
+			Brokers: cl.Brokers, GroupID: kafkatest.UniqueName(topic), Topics: []string{topic}, Window: w,
+			SessionTimeout: 6 * time.Second, HeartbeatInterval: 500 * time.Millisecond,
+			PollWait: 250 * time.Millisecond, RevokeGrace: time.Second,
+		})
+	}
+	ordersSrc, err := source(orders, ordersWin)
+	if err != nil {
+		return err
+	}
+	defer ordersSrc.Close()
+	reportsSrc, err := source(reports, reportsWin)
+	if err != nil {
+		return err
+	}
+	defer reportsSrc.Close()
+
+	exp := expiry.Policy{UseHeader: true}
+	c, err := consumer.New(consumer.Options{ShutdownGrace: 2 * time.Second},
+		consumer.Route{
+			Name: "orders", Source: ordersSrc, Criticality: backpressure.Critical,
+			Workers: 8, MaxInFlight: ordersWin.Messages, MaxInFlightBytes: ordersWin.Bytes,
+			Expiry: exp, DeadLetter: sink, Group: "orders",
+			Retry: consumer.RetryPolicy{BaseDelay: 5 * time.Millisecond, MaxDelay: 50 * time.Millisecond},
+			Handler: func(ctx context.Context, m *consumer.Message) error {
+				if m.Headers.Get("Poison") != "" {
+					return consumer.Permanent(errors.New("order cannot be parsed"))
+				}
+				return sleep(ctx, 2*time.Millisecond)
+			},
+		},
+		consumer.Route{
+			Name: "reports", Source: reportsSrc, Criticality: backpressure.Sheddable,
+			Workers: 2, MaxInFlight: reportsWin.Messages, MaxInFlightBytes: reportsWin.Bytes,
+			Expiry: exp, DeadLetter: sink, Group: "reports",
+			Handler: func(ctx context.Context, m *consumer.Message) error {
+				return sleep(ctx, 50*time.Millisecond)
+			},
+		})
+	if err != nil {
+		return err
+	}
+
+	runCtx, stop := context.WithCancel(ctx)
+	errc := make(chan error, 1)
+	start := time.Now()
+	go func() { errc <- c.Run(runCtx) }()
+	settled := func(s consumer.RouteStats) uint64 {
+		return s.Settled[consumer.OutcomeSucceeded] + s.Settled[consumer.OutcomeDeadLettered] +
+			s.Settled[consumer.OutcomeExpired] + s.Settled[consumer.OutcomeTerminated]
+	}
+	var ordersDone, reportsDone time.Time
+	limit := time.NewTimer(20 * time.Second)
+	defer limit.Stop()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+loop:
+	for {
+		select {
+		case <-limit.C:
+			break loop
+		case <-ctx.Done():
+			break loop
+		case <-tick.C:
+			st := c.Stats()
+			if reportsDone.IsZero() && settled(st[1]) >= numReports {
+				reportsDone = time.Now()
+			}
+			if ordersDone.IsZero() && settled(st[0]) >= numOrders {
+				ordersDone = time.Now()
+				break loop
+			}
+		}
+	}
+	stop()
+	runErr := <-errc
+	// Close commits the watermarks once more and leaves the groups.
+	_ = ordersSrc.Close()
+	_ = reportsSrc.Close()
+
+	fmt.Printf("\n%-8s %8s %9s %8s %8s %9s %8s %12s\n", "route", "fetched", "succeeded", "expired", "retried", "dead-lett", "goodput", "peak/window")
+	for _, s := range c.Stats() {
+		fmt.Printf("%-8s %8d %9d %8d %8d %9d %8d %7d/%-4d\n", s.Name, s.Fetched,
+			s.Settled[consumer.OutcomeSucceeded], s.Settled[consumer.OutcomeExpired], s.Settled[consumer.OutcomeRetried],
+			s.Settled[consumer.OutcomeDeadLettered], s.Goodput(), s.PeakInFlight, s.MaxInFlight)
+	}
+	for _, x := range []struct {
+		name string
+		src  *kafkaadapter.Source
+	}{{"orders", ordersSrc}, {"reports", reportsSrc}} {
+		name, src := x.name, x.src
+		st := src.Stats()
+		fmt.Printf("source %-8s %d commits, prefetch peak %d bytes (bound %d)\n", name, st.Commits, st.PeakBytes, src.Bound(0, 4))
+	}
+	switch {
+	case ordersDone.IsZero():
+		fmt.Printf("\norders did NOT finish within 20 s\n")
+	case reportsDone.IsZero() || ordersDone.Before(reportsDone):
+		fmt.Printf("\norders finished in %v, before reports: not starved\n", ordersDone.Sub(start).Round(time.Millisecond))
+	default:
+		fmt.Printf("\norders finished in %v, after reports\n", ordersDone.Sub(start).Round(time.Millisecond))
+	}
+	if runErr != nil && !errors.Is(runErr, consumer.ErrStuckHandlers) {
+		return runErr
+	}
+	return nil
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
