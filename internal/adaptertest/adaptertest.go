@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"strconv"
 	"sync"
@@ -30,7 +31,10 @@ type Topic interface {
 	Publish(t *testing.T, msgs []Msg)
 	// Source returns a Source for consumer group (durable) group, for a
 	// route with the given window. Two Sources of the same group share
-	// progress: what one settled, the next does not see again.
+	// progress: what one settled, the next does not see again. A Source
+	// that is an io.Closer (a group member, say) is closed by the suite
+	// once its consumer's Run returned, and the Topic closes it again (or
+	// for the first time) in t.Cleanup.
 	Source(t *testing.T, group string, window int, windowBytes int64) consumer.Source
 }
 
@@ -364,13 +368,14 @@ func RestartLosesNothing(t *testing.T, b Broker, f Features) {
 		mu.Unlock()
 		return nil
 	}
-	newConsumer := func() *consumer.Consumer {
+	newConsumer := func() (*consumer.Consumer, consumer.Source) {
+		src := topic.Source(t, "restart", window, 1<<20)
 		c, err := consumer.New(consumer.Options{ShutdownGrace: 2 * time.Second}, consumer.Route{Name: "restart",
-			Source: topic.Source(t, "restart", window, 1<<20), Workers: 4, MaxInFlight: window, MaxInFlightBytes: 1 << 20, Handler: h})
+			Source: src, Workers: 4, MaxInFlight: window, MaxInFlightBytes: 1 << 20, Handler: h})
 		if err != nil {
 			t.Fatal(err)
 		}
-		return c
+		return c, src
 	}
 	count := func() (distinct, total int) {
 		mu.Lock()
@@ -380,13 +385,19 @@ func RestartLosesNothing(t *testing.T, b Broker, f Features) {
 		}
 		return len(seen), total
 	}
-	first := newConsumer()
+	first, src := newConsumer()
 	run(t, first, 30*time.Second, func() bool { d, _ := count(); return d >= n/3 })
 	s := first.Stats()[0]
 	if s.InFlight != 0 {
 		t.Fatalf("first consumer still holds %d messages after Run returned", s.InFlight)
 	}
-	second := newConsumer()
+	if cl, ok := src.(io.Closer); ok {
+		// A group member commits what was settled and leaves the group.
+		if err := cl.Close(); err != nil {
+			t.Fatalf("closing the first source: %v", err)
+		}
+	}
+	second, _ := newConsumer()
 	wait := f.RedeliveryDelay
 	if wait == 0 {
 		wait = 2 * time.Second

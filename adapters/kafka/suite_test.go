@@ -1,0 +1,57 @@
+package kafkaadapter_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	kafkaadapter "github.com/sluice-go/sluice/adapters/kafka"
+	"github.com/sluice-go/sluice/consumer"
+	"github.com/sluice-go/sluice/internal/adaptertest"
+)
+
+// TestAdapterSuite runs the cases every adapter passes, on kfake or on
+// the broker in $KAFKA_BROKERS.
+func TestAdapterSuite(t *testing.T) {
+	adaptertest.Run(t, kafkaBroker{}, adaptertest.Features{RedeliveryDelay: time.Second})
+}
+
+type kafkaBroker struct{}
+
+func (kafkaBroker) NewTopic(t *testing.T, name string) adaptertest.Topic {
+	return &kafkaTopic{topic: cluster.Topic(t, name, 4)}
+}
+
+type kafkaTopic struct{ topic string }
+
+func (tp *kafkaTopic) Publish(t *testing.T, msgs []adaptertest.Msg) {
+	t.Helper()
+	out := make([]kafka.Message, len(msgs))
+	for i, m := range msgs {
+		hs := []kafka.Header{{Key: "Id", Value: []byte(m.ID)}}
+		for k, v := range m.Headers {
+			hs = append(hs, kafka.Header{Key: k, Value: []byte(v)})
+		}
+		out[i] = kafka.Message{Key: []byte(m.ID), Value: m.Value, Headers: hs}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := cluster.Produce(ctx, tp.topic, out); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (tp *kafkaTopic) Source(t *testing.T, group string, window int, windowBytes int64) consumer.Source {
+	t.Helper()
+	src, err := kafkaadapter.NewSource(kafkaadapter.Config{
+		Brokers: cluster.Brokers, GroupID: tp.topic + "-" + group, Topics: []string{tp.topic},
+		Window: kafkaadapter.Window{Messages: window, Bytes: windowBytes}, SessionTimeout: 6 * time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = src.Close() })
+	return src
+}
