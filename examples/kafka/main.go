@@ -1,20 +1,12 @@
-// Command kafka runs two sluice routes over Kafka consumer groups under a
-// burst far above their capacity: critical orders and sheddable reports,
-// each with its own window and workers, dead letters to a Kafka topic.
-// It is the NATS quick start (examples/quickstart) on Kafka.
-//
-//	go run ./examples/kafka
-//
-// It starts an embedded kfake cluster unless $KAFKA_BROKERS is set
-// (host:port[,host:port]), and prints a table per route when orders are all
-// settled or after 20 s.
 package main
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log"
+	"os"
 	"strconv"
 	"time"
 
@@ -24,6 +16,7 @@ import (
 	"github.com/sluice-go/sluice/backpressure"
 	"github.com/sluice-go/sluice/consumer"
 	"github.com/sluice-go/sluice/expiry"
+	"github.com/sluice-go/sluice/internal/demo"
 	"github.com/sluice-go/sluice/internal/kafkatest"
 )
 
@@ -34,12 +27,12 @@ const (
 )
 
 func main() {
-	if err := run(); err != nil {
+	if err := run(os.Stdout); err != nil {
 		log.Fatal(err)
 	}
 }
 
-func run() error {
+func run(out io.Writer) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 28*time.Second)
 	defer cancel()
 
@@ -48,7 +41,7 @@ func run() error {
 		return err
 	}
 	defer cl.Close()
-	fmt.Printf("%s cluster at %v\n", cl.Kind(), cl.Brokers)
+	fmt.Fprintf(out, "%s cluster at %v\n", cl.Kind(), cl.Brokers)
 
 	orders, reports, dead := kafkatest.UniqueName("orders"), kafkatest.UniqueName("reports"), kafkatest.UniqueName("dlq")
 	for topic, parts := range map[string]int{orders: 4, reports: 2, dead: 1} {
@@ -88,7 +81,7 @@ func run() error {
 	if err := cl.Produce(ctx, reports, rm); err != nil {
 		return err
 	}
-	fmt.Printf("produced %d orders (%d poison) and %d reports\n", numOrders, numPoison, numReports)
+	fmt.Fprintf(out, "produced %d orders (%d poison) and %d reports\n", numOrders, numPoison, numReports)
 
 	ordersWin := kafkaadapter.Window{Messages: 64, Bytes: 1 << 20}
 	reportsWin := kafkaadapter.Window{Messages: 8, Bytes: 256 << 10}
@@ -121,7 +114,7 @@ func run() error {
 				if m.Headers.Get("Poison") != "" {
 					return consumer.Permanent(errors.New("order cannot be parsed"))
 				}
-				return sleep(ctx, 2*time.Millisecond)
+				return demo.Sleep(ctx, 2*time.Millisecond)
 			},
 		},
 		consumer.Route{
@@ -129,85 +122,26 @@ func run() error {
 			Workers: 2, MaxInFlight: reportsWin.Messages, MaxInFlightBytes: reportsWin.Bytes,
 			Expiry: exp, DeadLetter: sink, Group: "reports",
 			Handler: func(ctx context.Context, m *consumer.Message) error {
-				return sleep(ctx, 50*time.Millisecond)
+				return demo.Sleep(ctx, 50*time.Millisecond)
 			},
 		})
 	if err != nil {
 		return err
 	}
 
-	runCtx, stop := context.WithCancel(ctx)
-	errc := make(chan error, 1)
-	start := time.Now()
-	go func() { errc <- c.Run(runCtx) }()
-	settled := func(s consumer.RouteStats) uint64 {
-		return s.Settled[consumer.OutcomeSucceeded] + s.Settled[consumer.OutcomeDeadLettered] +
-			s.Settled[consumer.OutcomeExpired] + s.Settled[consumer.OutcomeTerminated]
-	}
-	var ordersDone, reportsDone time.Time
-	limit := time.NewTimer(20 * time.Second)
-	defer limit.Stop()
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-loop:
-	for {
-		select {
-		case <-limit.C:
-			break loop
-		case <-ctx.Done():
-			break loop
-		case <-tick.C:
-			st := c.Stats()
-			if reportsDone.IsZero() && settled(st[1]) >= numReports {
-				reportsDone = time.Now()
-			}
-			if ordersDone.IsZero() && settled(st[0]) >= numOrders {
-				ordersDone = time.Now()
-				break loop
-			}
-		}
-	}
-	stop()
-	runErr := <-errc
+	const limit = 20 * time.Second
+	res, err := demo.Run(ctx, c, limit, numOrders, numReports)
 	// Close commits the watermarks once more and leaves the groups.
 	_ = ordersSrc.Close()
 	_ = reportsSrc.Close()
-
-	fmt.Printf("\n%-8s %8s %9s %8s %8s %9s %8s %12s\n", "route", "fetched", "succeeded", "expired", "retried", "dead-lett", "goodput", "peak/window")
-	for _, s := range c.Stats() {
-		fmt.Printf("%-8s %8d %9d %8d %8d %9d %8d %7d/%-4d\n", s.Name, s.Fetched,
-			s.Settled[consumer.OutcomeSucceeded], s.Settled[consumer.OutcomeExpired], s.Settled[consumer.OutcomeRetried],
-			s.Settled[consumer.OutcomeDeadLettered], s.Goodput(), s.PeakInFlight, s.MaxInFlight)
-	}
+	demo.PrintTable(out, c.Stats())
 	for _, x := range []struct {
 		name string
 		src  *kafkaadapter.Source
 	}{{"orders", ordersSrc}, {"reports", reportsSrc}} {
-		name, src := x.name, x.src
-		st := src.Stats()
-		fmt.Printf("source %-8s %d commits, prefetch peak %d bytes (bound %d)\n", name, st.Commits, st.PeakBytes, src.Bound(0, 4))
+		st := x.src.Stats()
+		fmt.Fprintf(out, "source %-8s %d commits, prefetch peak %d bytes (bound %d)\n", x.name, st.Commits, st.PeakBytes, x.src.Bound(0, 4))
 	}
-	switch {
-	case ordersDone.IsZero():
-		fmt.Printf("\norders did NOT finish within 20 s\n")
-	case reportsDone.IsZero() || ordersDone.Before(reportsDone):
-		fmt.Printf("\norders finished in %v, before reports: not starved\n", ordersDone.Sub(start).Round(time.Millisecond))
-	default:
-		fmt.Printf("\norders finished in %v, after reports\n", ordersDone.Sub(start).Round(time.Millisecond))
-	}
-	if runErr != nil && !errors.Is(runErr, consumer.ErrStuckHandlers) {
-		return runErr
-	}
-	return nil
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	demo.Verdict(out, res, "orders", "reports", limit)
+	return err
 }

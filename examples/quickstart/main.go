@@ -1,15 +1,3 @@
-// Command quickstart runs two sluice routes over NATS JetStream under a
-// burst far above their capacity: critical orders and sheddable reports,
-// each with its own window and workers, dead letters to a JetStream stream.
-//
-//	go run ./examples/quickstart
-//
-// It starts an embedded NATS server unless $NATS_URL is set, keeping its
-// JetStream store in -store DIR if given (so the dead letters outlive the
-// run: "go run ./cmd/sluice dlq ls --nats-store DIR"), else in a temporary
-// directory removed at exit. It serves
-// Prometheus metrics on $METRICS_ADDR (default 127.0.0.1:0, printed), and
-// prints a table per route when orders are all settled or after 20 s.
 package main
 
 import (
@@ -17,12 +5,12 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log"
 	"net"
 	"net/http"
 	"os"
 	"strconv"
-	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -34,6 +22,7 @@ import (
 	"github.com/sluice-go/sluice/backpressure"
 	"github.com/sluice-go/sluice/consumer"
 	"github.com/sluice-go/sluice/expiry"
+	"github.com/sluice-go/sluice/internal/demo"
 	"github.com/sluice-go/sluice/internal/natstest"
 	"github.com/sluice-go/sluice/metrics"
 )
@@ -48,12 +37,12 @@ var storeDir = flag.String("store", "", "keep the embedded server's JetStream st
 
 func main() {
 	flag.Parse()
-	if err := run(); err != nil {
+	if err := run(os.Stdout); err != nil {
 		log.Fatal(err)
 	}
 }
 
-func run() error {
+func run(out io.Writer) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 28*time.Second)
 	defer cancel()
 
@@ -75,7 +64,7 @@ func run() error {
 		defer srv.WaitForShutdown()
 		defer srv.Shutdown()
 		url = srv.ClientURL()
-		fmt.Println("embedded NATS server at", url)
+		fmt.Fprintln(out, "embedded NATS server at", url)
 	}
 	nc, err := nats.Connect(url)
 	if err != nil {
@@ -135,10 +124,8 @@ func run() error {
 			return ctx.Err()
 		}
 	}
-	fmt.Printf("published %d orders (%d poison) and %d reports\n", numOrders, numPoison, numReports)
+	fmt.Fprintf(out, "published %d orders (%d poison) and %d reports\n", numOrders, numPoison, numReports)
 
-	var ordersDone atomic.Int64 // unix nanos when orders finished
-	var reportsDone atomic.Int64
 	ordersSrc, err := natsadapter.NewSourceFor(ctx, js, "ORDERS", jetstream.ConsumerConfig{Durable: "orders"}, 64, natsadapter.SourceOptions{PollWait: 250 * time.Millisecond})
 	if err != nil {
 		return err
@@ -164,7 +151,7 @@ func run() error {
 	hs := &http.Server{Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: time.Second}
 	go hs.Serve(ln)
 	defer hs.Close()
-	fmt.Printf("metrics at http://%s/metrics\n", ln.Addr())
+	fmt.Fprintf(out, "metrics at http://%s/metrics\n", ln.Addr())
 
 	exp := expiry.Policy{UseHeader: true}
 	c, err := consumer.New(consumer.Options{Observer: obs, ShutdownGrace: 2 * time.Second},
@@ -177,7 +164,7 @@ func run() error {
 				if m.Headers.Get("Poison") != "" {
 					return consumer.Permanent(errors.New("order cannot be parsed"))
 				}
-				return sleep(ctx, 2*time.Millisecond)
+				return demo.Sleep(ctx, 2*time.Millisecond)
 			},
 		},
 		consumer.Route{
@@ -185,74 +172,16 @@ func run() error {
 			Workers: 2, MaxInFlight: 8, MaxInFlightBytes: 256 << 10,
 			Expiry: exp, DeadLetter: sink, Group: "reports",
 			Handler: func(ctx context.Context, m *consumer.Message) error {
-				return sleep(ctx, 50*time.Millisecond)
+				return demo.Sleep(ctx, 50*time.Millisecond)
 			},
 		})
 	if err != nil {
 		return err
 	}
 
-	runCtx, stop := context.WithCancel(ctx)
-	errc := make(chan error, 1)
-	start := time.Now()
-	go func() { errc <- c.Run(runCtx) }()
-	settled := func(s consumer.RouteStats) uint64 {
-		return s.Settled[consumer.OutcomeSucceeded] + s.Settled[consumer.OutcomeDeadLettered] +
-			s.Settled[consumer.OutcomeExpired] + s.Settled[consumer.OutcomeTerminated]
-	}
-	limit := time.NewTimer(20 * time.Second)
-	defer limit.Stop()
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-loop:
-	for {
-		select {
-		case <-limit.C:
-			break loop
-		case <-ctx.Done():
-			break loop
-		case <-tick.C:
-			st := c.Stats()
-			if ordersDone.Load() == 0 && settled(st[0]) >= numOrders {
-				ordersDone.Store(time.Now().UnixNano())
-				break loop
-			}
-			if reportsDone.Load() == 0 && settled(st[1]) >= numReports {
-				reportsDone.Store(time.Now().UnixNano())
-			}
-		}
-	}
-	stop()
-	runErr := <-errc
-
-	fmt.Printf("\n%-8s %8s %9s %8s %8s %9s %8s %12s\n", "route", "fetched", "succeeded", "expired", "retried", "dead-lett", "goodput", "peak/window")
-	for _, s := range c.Stats() {
-		fmt.Printf("%-8s %8d %9d %8d %8d %9d %8d %7d/%-4d\n", s.Name, s.Fetched,
-			s.Settled[consumer.OutcomeSucceeded], s.Settled[consumer.OutcomeExpired], s.Settled[consumer.OutcomeRetried],
-			s.Settled[consumer.OutcomeDeadLettered], s.Goodput(), s.PeakInFlight, s.MaxInFlight)
-	}
-	od, rd := ordersDone.Load(), reportsDone.Load()
-	switch {
-	case od == 0:
-		fmt.Printf("\norders did NOT finish within 20 s\n")
-	case rd == 0 || od < rd:
-		fmt.Printf("\norders finished in %v, before reports: not starved\n", time.Duration(od-start.UnixNano()).Round(time.Millisecond))
-	default:
-		fmt.Printf("\norders finished in %v, after reports\n", time.Duration(od-start.UnixNano()).Round(time.Millisecond))
-	}
-	if runErr != nil && !errors.Is(runErr, consumer.ErrStuckHandlers) {
-		return runErr
-	}
-	return nil
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	const limit = 20 * time.Second
+	res, err := demo.Run(ctx, c, limit, numOrders, numReports)
+	demo.PrintTable(out, c.Stats())
+	demo.Verdict(out, res, "orders", "reports", limit)
+	return err
 }
