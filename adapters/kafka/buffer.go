@@ -86,17 +86,34 @@ func (b *buffer) releaseLocked(r *record) {
 }
 
 // push appends fetched records, ready now.
-func (b *buffer) push(rs []*record) {
-	if len(rs) == 0 {
-		return
+func (b *buffer) push(rs []*record) { b.fill(0, rs) }
+
+// fill returns a grant of want bytes and charges the records its fetch
+// brought in one step, so there is no moment when neither counts against
+// the budget (another fetcher could reserve the same room meanwhile).
+// Records of a generation that is ending are dropped, not kept: its purge
+// may have run already. It returns how many it dropped.
+func (b *buffer) fill(want int64, rs []*record) (dropped int) {
+	if want == 0 && len(rs) == 0 {
+		return 0
 	}
 	b.mu.Lock()
+	b.reserved -= want
+	if len(rs) > 0 && rs[0].part.gen.ending.Load() {
+		dropped, rs = len(rs), nil
+	}
 	for _, r := range rs {
 		b.chargeLocked(r)
 	}
 	b.ready = append(b.ready, rs...)
+	if want > 0 {
+		b.freed()
+	}
 	b.mu.Unlock()
-	b.signal()
+	if len(rs) > 0 {
+		b.signal()
+	}
+	return dropped
 }
 
 // pushDelayed keeps r until r.due. It may take the buffer over its budget
@@ -152,6 +169,10 @@ func (b *buffer) take(now time.Time, n int, maxBytes int64, out []*record) ([]*r
 		b.releaseLocked(r)
 		released = true
 		got += r.size
+		// Counted as handed out under b.mu, where ending was checked: a
+		// generation's end (ending, then purge, then waiting for
+		// outstanding) cannot miss a record taken just before it.
+		r.part.gen.outstanding.Add(1)
 		out = append(out, r)
 	}
 	if b.head == len(b.ready) {

@@ -1,6 +1,7 @@
 package kafkaadapter
 
 import (
+	"cmp"
 	"fmt"
 	"time"
 
@@ -42,7 +43,10 @@ type Config struct {
 	// PrefetchMessages and PrefetchBytes bound what the Source holds that
 	// the route's window does not: fetched records not handed out yet and
 	// messages waiting for an in-process retry. 0 means the window's
-	// numbers. A fetch is sent only when FetchMaxBytes more fit, so the
+	// numbers. PrefetchBytes is the memory bound; PrefetchMessages only
+	// gates sending a fetch (one is sent while fewer are held), so one fetch
+	// of small records can take the count past it. A fetch is sent only
+	// when FetchMaxBytes more fit, so the
 	// bytes held stay below PrefetchBytes plus, per assigned partition, the
 	// amount by which one record batch exceeds FetchMaxBytes (a broker
 	// returns a whole first batch even when it is larger than asked; keep
@@ -88,7 +92,13 @@ type Config struct {
 	LocalRetryMaxDelay time.Duration
 	// RetryTopic, when set, receives long retries with a not-before header;
 	// the Source also consumes it (add it to no other Source). "" keeps all
-	// retries in process.
+	// retries in process. A retry partition hands its records out in
+	// offset order, each once its not-before has passed (so one long delay
+	// holds back shorter ones written after it on that partition); while it
+	// waits it holds neither memory nor prefetch budget, and other
+	// partitions are not held back. A retry partition without a committed
+	// offset starts at its first offset, whatever StartOffset says: it holds
+	// only work whose originals are committed.
 	RetryTopic string
 
 	// Dialer is used for the group coordinator. nil means kafka-go's default.
@@ -123,6 +133,14 @@ func (c *Config) validate() error {
 		return bad("prefetch sizes must not be negative")
 	case c.FetchMaxWait < 0 || c.PollWait < 0 || c.CommitInterval < 0 || c.LocalRetryMaxDelay < 0:
 		return bad("durations must not be negative")
+	case c.SessionTimeout < 0 || c.HeartbeatInterval < 0 || c.RebalanceTimeout < 0:
+		return bad("group timing must not be negative")
+	case c.HeartbeatInterval >= cmp.Or(c.SessionTimeout, DefaultSessionTimeout):
+		return bad("HeartbeatInterval %v must be below SessionTimeout %v", c.HeartbeatInterval, cmp.Or(c.SessionTimeout, DefaultSessionTimeout))
+	case c.RevokeGrace >= cmp.Or(c.RebalanceTimeout, DefaultRebalanceTimeout):
+		// The member would rejoin after the broker gave up on it: the final
+		// commit is refused and every settled message is delivered again.
+		return bad("RevokeGrace %v must be below RebalanceTimeout %v", c.RevokeGrace, cmp.Or(c.RebalanceTimeout, DefaultRebalanceTimeout))
 	case c.CommitEvery < 0:
 		return bad("CommitEvery must be >= 0, got %d", c.CommitEvery)
 	case c.StartOffset != 0 && c.StartOffset != kafka.FirstOffset && c.StartOffset != kafka.LastOffset:

@@ -130,8 +130,8 @@ func (s *Source) pump() {
 			return
 		}
 		m, err := s.rd.r.FetchMessage(ctx)
-		s.buf.settleReservation(1)
 		if err != nil {
+			s.buf.settleReservation(1)
 			if ctx.Err() != nil || errors.Is(err, io.EOF) {
 				return
 			}
@@ -160,7 +160,7 @@ func (s *Source) pump() {
 			}
 		}
 		r.size = max(size, 1)
-		s.buf.push([]*record{r})
+		s.buf.fill(1, []*record{r})
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -39,10 +40,19 @@ type Source struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 	closed atomic.Bool
+	// gens counts the goroutines run in generations: Generation.Start on
+	// a generation that closed already (Close racing a new generation)
+	// runs them untracked by kafka-go, and Close must still wait for them.
+	gens sync.WaitGroup
 
-	cur   atomic.Pointer[generation]
-	stats counters
-	out   []*record // Fetch scratch
+	cur atomic.Pointer[generation]
+	// groupErr is the last error joining the group that retrying cannot
+	// fix (a session timeout the broker refuses, no authorization): Fetch
+	// reports it while there is no generation. nil once a generation
+	// starts.
+	groupErr atomic.Pointer[error]
+	stats    counters
+	out      []*record // Fetch scratch
 
 	rd *readerState // set by NewReaderSource
 }
@@ -169,6 +179,7 @@ func (s *Source) Close() error {
 		err = s.cg.Close()
 	}
 	<-s.done
+	s.gens.Wait()
 	if s.retryW != nil {
 		err = errors.Join(err, s.retryW.Close())
 	}
@@ -211,7 +222,10 @@ func (s *Source) Assigned() map[string][]int {
 
 // Bound returns the most bytes the Source holds outside the route window,
 // given the largest record batch the producers write (0 if none is larger
-// than FetchMaxBytes) and how many partitions it may be assigned.
+// than FetchMaxBytes) and how many partitions it may be assigned. Messages
+// a Nak puts back for an in-process retry may take the buffer past it, by
+// at most what the route window held (they came out of it); fetches then
+// wait until the buffer drains below its budget.
 func (s *Source) Bound(maxBatch int64, partitions int) int64 {
 	return s.cfg.PrefetchBytes + int64(partitions)*max(0, maxBatch-int64(s.cfg.FetchMaxBytes))
 }
@@ -225,10 +239,31 @@ func (s *Source) run() {
 				return
 			}
 			s.errorf("kafka source: group %s: %v", s.cfg.GroupID, err)
+			if !transientGroupError(err) {
+				err = fmt.Errorf("kafka source: joining group %s: %w", s.cfg.GroupID, err)
+				s.groupErr.Store(&err)
+			}
 			continue
 		}
+		s.groupErr.Store(nil)
 		s.start(g)
 	}
+}
+
+// transientGroupError reports whether a group error is part of normal
+// operation (a rebalance, a coordinator moving, a dropped connection)
+// rather than a problem the application has to fix.
+func transientGroupError(err error) bool {
+	var ke kafka.Error
+	if errors.As(err, &ke) {
+		switch ke {
+		case kafka.InvalidSessionTimeout, kafka.GroupAuthorizationFailed, kafka.TopicAuthorizationFailed,
+			kafka.InconsistentGroupProtocol, kafka.InvalidGroupId, kafka.GroupMaxSizeReached,
+			kafka.SASLAuthenticationFailed, kafka.ClusterAuthorizationFailed:
+			return false
+		}
+	}
+	return true
 }
 
 func (s *Source) errorf(format string, args ...any) {
@@ -256,9 +291,17 @@ func (s *Source) start(g *kafka.Generation) {
 		old.ending.Store(true)
 	}
 	for _, st := range starts {
-		g.Start(func(ctx context.Context) { s.fetchLoop(ctx, st.p, st.offset) })
+		s.goGen(g, func(ctx context.Context) { s.fetchLoop(ctx, st.p, st.offset) })
 	}
-	g.Start(func(ctx context.Context) { s.commitLoop(ctx, gen) })
+	s.goGen(g, func(ctx context.Context) { s.commitLoop(ctx, gen) })
+}
+
+func (s *Source) goGen(g *kafka.Generation, fn func(ctx context.Context)) {
+	s.gens.Add(1)
+	g.Start(func(ctx context.Context) {
+		defer s.gens.Done()
+		fn(ctx)
+	})
 }
 
 // fetchLoop pulls one partition while its generation lasts, sending a
@@ -266,16 +309,30 @@ func (s *Source) start(g *kafka.Generation) {
 func (s *Source) fetchLoop(ctx context.Context, p *partition, offset int64) {
 	backoff := 20 * time.Millisecond
 	want := int64(s.cfg.FetchMaxBytes)
-	pause := func() bool {
-		t := time.NewTimer(backoff)
+	sleep := func(d time.Duration) bool {
+		t := time.NewTimer(d)
 		defer t.Stop()
-		backoff = min(backoff*2, time.Second)
 		select {
 		case <-ctx.Done():
 			return false
 		case <-t.C:
 			return true
 		}
+	}
+	pause := func() bool {
+		d := backoff
+		backoff = min(backoff*2, time.Second)
+		return sleep(d)
+	}
+	if p.retry && offset < 0 {
+		// The retry topic holds only work this group owes (its originals
+		// are committed): never skip any of it, whatever StartOffset says.
+		offset = kafka.FirstOffset
+	}
+	if offset >= 0 {
+		// The group's committed offset: nothing new to commit yet.
+		p.wm.Begin(offset)
+		p.wm.Committed(offset)
 	}
 	for ctx.Err() == nil {
 		if offset < 0 {
@@ -288,31 +345,30 @@ func (s *Source) fetchLoop(ctx context.Context, p *partition, offset int64) {
 				continue
 			}
 			offset = off
+			// Commit the resolved start, so that a rebalance before the
+			// first delivery cannot resolve it again further on (LastOffset)
+			// and skip what was written in between.
+			p.wm.Begin(offset)
 		}
 		if err := s.buf.reserve(ctx, want); err != nil {
 			return
 		}
 		recs, next, err := s.fetchOnce(ctx, p, offset, want)
-		if p.retry && err == nil && len(recs) > 0 {
-			// Retries wait for their not-before with the reservation held,
-			// so the records not yet handed over stay counted.
-			s.stats.fetched.Add(int64(len(recs)))
-			ok := s.pushRetries(ctx, p, recs)
-			s.buf.settleReservation(want)
-			if !ok {
-				return
-			}
-			offset = next
-			continue
+		var hold time.Duration
+		if p.retry && err == nil {
+			recs, next, hold = s.dueRetries(recs, next)
 		}
-		s.buf.settleReservation(want)
 		if err != nil {
+			s.buf.fill(want, nil)
 			if ctx.Err() != nil {
 				return
 			}
 			s.stats.fetchErrors.Add(1)
 			if errors.Is(err, kafka.OffsetOutOfRange) {
 				offset = s.cfg.StartOffset
+				if p.retry {
+					offset = kafka.FirstOffset
+				}
 			}
 			if !pause() {
 				return
@@ -321,34 +377,35 @@ func (s *Source) fetchLoop(ctx context.Context, p *partition, offset int64) {
 		}
 		backoff = 20 * time.Millisecond
 		offset = next
-		if len(recs) == 0 {
-			continue
-		}
 		s.stats.fetched.Add(int64(len(recs)))
 		for _, r := range recs {
 			p.wm.Deliver(r.offset)
 		}
-		s.buf.push(recs)
+		s.stats.dropped.Add(int64(s.buf.fill(want, recs)))
+		if hold > 0 && !sleep(hold) {
+			return
+		}
 	}
 }
 
-// pushRetries hands retry-topic records over one by one as their
-// not-before passes: the retry partition waits, no other partition does.
-func (s *Source) pushRetries(ctx context.Context, p *partition, recs []*record) bool {
-	for _, r := range recs {
-		if wait := r.due.Sub(s.clock.Now()); wait > 0 {
-			t := time.NewTimer(wait)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return false
-			case <-t.C:
-			}
+// maxRetryHold caps one wait of a retry partition for a not-before; it then
+// fetches again (and sees a clock that jumped).
+const maxRetryHold = time.Second
+
+// dueRetries keeps the retry-topic records whose not-before has passed, up
+// to the first that has not, and returns the offset to fetch next and how
+// long to wait first. The records not due are dropped and fetched again
+// after the wait: while a retry partition waits it holds no memory and no
+// part of the buffer, so other partitions keep flowing.
+func (s *Source) dueRetries(recs []*record, next int64) ([]*record, int64, time.Duration) {
+	now := s.clock.Now()
+	for i, r := range recs {
+		if wait := r.due.Sub(now); wait > 0 {
+			clear(recs[i:])
+			return recs[:i], r.offset, min(wait, maxRetryHold)
 		}
-		p.wm.Deliver(r.offset)
-		s.buf.push([]*record{r})
 	}
-	return true
+	return recs, next, 0
 }
 
 func (s *Source) resolve(ctx context.Context, p *partition, which int64) (int64, error) {
@@ -463,7 +520,6 @@ func (s *Source) Fetch(ctx context.Context, maxMessages int, maxBytes int64) ([]
 			out := make([]*consumer.Message, len(recs))
 			ms := make([]consumer.Message, len(recs))
 			for i, r := range recs {
-				r.part.gen.outstanding.Add(1)
 				ms[i] = consumer.Message{
 					Topic: r.origin.Topic, Key: r.key, Value: r.value, Headers: r.headers,
 					PublishedAt: r.time, Attempt: r.attempt, Size: r.size, Origin: r.origin,
@@ -490,6 +546,11 @@ func (s *Source) Fetch(ctx context.Context, maxMessages int, maxBytes int64) ([]
 		case <-ctx.Done():
 			err = ctx.Err()
 		case <-poll.C:
+			if s.cur.Load() == nil {
+				if e := s.groupErr.Load(); e != nil {
+					err = *e
+				}
+			}
 		case <-s.done:
 			err = fmt.Errorf("kafka source: %w", consumer.ErrClosed)
 		case <-s.buf.wake:

@@ -44,6 +44,20 @@ func (w *Watermark) Deliver(offset int64) bool {
 	return true
 }
 
+// Begin sets the position a partition starts from before anything is
+// delivered: with nothing pending, Commit offers it (so a start position the
+// Source resolved itself, FirstOffset or LastOffset, is committed and a
+// rebalance cannot move it past records written meanwhile). It never moves
+// the position back, and does nothing while deliveries are pending.
+func (w *Watermark) Begin(offset int64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if offset < 0 || w.head < len(w.offs) || offset <= w.next {
+		return
+	}
+	w.next = offset
+}
+
 // Settle marks offset settled. It reports false when offset was never
 // delivered, or was settled before (the second settle changes nothing).
 func (w *Watermark) Settle(offset int64) bool {
@@ -59,12 +73,33 @@ func (w *Watermark) Settle(offset int64) bool {
 	for w.head < len(w.offs) && w.done[w.head] {
 		w.head++
 	}
+	w.compact()
+	return true
+}
+
+// compact drops settled offsets once they are most of what is kept: below
+// the head (a prefix) and, behind an unsettled offset, in the middle. Only
+// unsettled offsets matter to the commit point, so memory stays
+// proportional to the pending ones even while one offset is stuck and
+// everything after it completes.
+func (w *Watermark) compact() {
+	live := len(w.offs) - w.head
+	if settled := live - w.pending; settled > 1024 && settled > w.pending {
+		n := 0
+		for i := w.head; i < len(w.offs); i++ {
+			if !w.done[i] {
+				w.offs[n], w.done[n] = w.offs[i], false
+				n++
+			}
+		}
+		w.offs, w.done, w.head = w.offs[:n], w.done[:n], 0
+		return
+	}
 	if w.head > 1024 && w.head*2 > len(w.offs) {
 		n := copy(w.offs, w.offs[w.head:])
 		copy(w.done, w.done[w.head:])
 		w.offs, w.done, w.head = w.offs[:n], w.done[:n], 0
 	}
-	return true
 }
 
 // Point returns the commit point (the next offset to consume once
