@@ -113,7 +113,7 @@ func NewAdaptiveLimit(o AdaptiveLimitOptions) (*AdaptiveLimit, error) {
 		return nil, fmt.Errorf("%w: adaptive initial %d outside %d..%d", ErrInvalidOption, o.Initial, o.Min, o.Max)
 	case o.Target < 0 || o.Interval < 0 || o.MinSamples < 0 || o.Increase < 0:
 		return nil, fmt.Errorf("%w: adaptive limit: negative option", ErrInvalidOption)
-	case o.Tolerance < 0 || o.Tolerance >= 1 || o.Backoff <= 0 || o.Backoff >= 1:
+	case !(o.Tolerance >= 0 && o.Tolerance < 1) || !(o.Backoff > 0 && o.Backoff < 1): // NaN too
 		return nil, fmt.Errorf("%w: adaptive tolerance %v / backoff %v", ErrInvalidOption, o.Tolerance, o.Backoff)
 	}
 	return &AdaptiveLimit{o: o, limit: o.Initial}, nil
@@ -127,7 +127,26 @@ func (a *AdaptiveLimit) Limit() int {
 }
 
 // Bounds returns Min and Max.
-func (a *AdaptiveLimit) Bounds() (lo, hi int) { return a.o.Min, a.o.Max }
+func (a *AdaptiveLimit) Bounds() (lo, hi int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.o.Min, a.o.Max
+}
+
+// CapMax lowers Max to n (never below Min) and the limit in force with it,
+// and returns the limit in force. A larger n changes nothing. The consumer
+// calls it with a route's MaxInFlight, so the multiplicative decrease works
+// on the window's real size: a limit left above the window would have to
+// shrink for many intervals before the window saw any change.
+func (a *AdaptiveLimit) CapMax(n int) int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if n < a.o.Max {
+		a.o.Max = max(n, a.o.Min)
+		a.limit = min(a.limit, a.o.Max)
+	}
+	return a.limit
+}
 
 // Changes reports how often the limit has moved: a flap counter.
 func (a *AdaptiveLimit) Changes() uint64 {

@@ -28,7 +28,8 @@ var ErrRetryBudget = errors.New("sluice: retry budget exhausted")
 // backoff from 10 ms doubling to at most 1 s. A Retrier is safe for
 // concurrent use if its Budget is.
 type Retrier struct {
-	// MaxAttempts is the most calls Do makes, the first included. 0 means 3.
+	// MaxAttempts is the most calls Do makes, the first included. 0 (or
+	// negative) means 3.
 	MaxAttempts int
 	// Budget, if set, must allow every retry (not the first attempt).
 	Budget *RetryBudget
@@ -36,17 +37,21 @@ type Retrier struct {
 	// for each further one; the delay used is uniform in [0, ceiling].
 	// 0 means 10 ms; negative means no delay.
 	BaseDelay time.Duration
-	// MaxDelay caps the ceiling. 0 means 1 s.
+	// MaxDelay caps the ceiling. 0 means 1 s; negative means no delay.
 	MaxDelay time.Duration
 	// Retryable reports whether an error is worth another attempt. nil
 	// means every error except overloaded ones and ctx errors.
 	Retryable func(error) bool
+	// Now reads the time for the Budget's decisions (AttemptAt, RetryAt),
+	// for tests. nil means time.Now. Backoff delays are real time.
+	Now func() time.Time
 }
 
 // Do calls fn until it succeeds, fails with a non-retryable error, runs out
-// of attempts or budget, or ctx is done. It returns nil, fn's error as is
-// (non-retryable or already overloaded), ctx's error, or fn's last error
-// wrapped with ErrOverloaded and ErrRetriesExhausted or ErrRetryBudget.
+// of attempts or budget, or ctx is done. It returns nil; fn's error as is
+// when it is not retryable, already overloaded, or ctx ended before the
+// next attempt; or fn's last error wrapped with ErrOverloaded and
+// ErrRetriesExhausted or ErrRetryBudget.
 func (r *Retrier) Do(ctx context.Context, fn func(context.Context) error) error {
 	attempts := r.MaxAttempts
 	if attempts <= 0 {
@@ -59,8 +64,12 @@ func (r *Retrier) Do(ctx context.Context, fn func(context.Context) error) error 
 	if maxd == 0 {
 		maxd = time.Second
 	}
+	now := r.Now
+	if now == nil {
+		now = time.Now
+	}
 	if r.Budget != nil {
-		r.Budget.Attempt()
+		r.Budget.AttemptAt(now())
 	}
 	var err error
 	for i := 1; ; i++ {
@@ -76,10 +85,10 @@ func (r *Retrier) Do(ctx context.Context, fn func(context.Context) error) error 
 		if i >= attempts {
 			return fmt.Errorf("%w: %w after %d attempts: %w", ErrOverloaded, ErrRetriesExhausted, i, err)
 		}
-		if r.Budget != nil && !r.Budget.Retry() {
+		if r.Budget != nil && !r.Budget.RetryAt(now()) {
 			return fmt.Errorf("%w: %w: %w", ErrOverloaded, ErrRetryBudget, err)
 		}
-		if base > 0 {
+		if base > 0 && maxd > 0 {
 			d := base
 			for j := 1; j < i && d < maxd; j++ {
 				d *= 2

@@ -46,7 +46,7 @@ type RetryBudget struct {
 // NewRetryBudget returns a budget; a bad option wraps ErrInvalidOption.
 func NewRetryBudget(o RetryBudgetOptions) (*RetryBudget, error) {
 	switch {
-	case o.Ratio < 0 || o.Ratio > 1:
+	case !(o.Ratio >= 0 && o.Ratio <= 1): // NaN too
 		return nil, fmt.Errorf("%w: retry budget ratio %v not in [0,1]", ErrInvalidOption, o.Ratio)
 	case o.Window < 0:
 		return nil, fmt.Errorf("%w: retry budget window %v is negative", ErrInvalidOption, o.Window)

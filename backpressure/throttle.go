@@ -59,7 +59,7 @@ type Throttle struct {
 // NewThrottle returns a throttle; a bad option wraps ErrInvalidOption.
 func NewThrottle(o ThrottleOptions) (*Throttle, error) {
 	switch {
-	case o.K != 0 && o.K < 1:
+	case o.K != 0 && !(o.K >= 1): // NaN too: it would reject every request
 		return nil, fmt.Errorf("%w: throttle K %v < 1", ErrInvalidOption, o.K)
 	case o.Window < 0 || o.Buckets < 0:
 		return nil, fmt.Errorf("%w: throttle window %v / buckets %d", ErrInvalidOption, o.Window, o.Buckets)
@@ -190,6 +190,16 @@ func (t *Throttle) Do(ctx context.Context, fn func(context.Context) error) error
 	}
 	err := fn(ctx)
 	t.Record(err == nil || !t.rejected(err))
+	return err
+}
+
+// DoAt is Do with the request counted, and its verdict recorded, at now.
+func (t *Throttle) DoAt(ctx context.Context, now time.Time, fn func(context.Context) error) error {
+	if !t.AllowAt(now) {
+		return ErrThrottled
+	}
+	err := fn(ctx)
+	t.RecordAt(now, err == nil || !t.rejected(err))
 	return err
 }
 

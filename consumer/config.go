@@ -178,9 +178,10 @@ type Route struct {
 	ThrottleWait time.Duration
 
 	// AdaptiveLimit, if set, drives the route window's message limit from
-	// handler latency and results (AIMD between its bounds, which are
-	// clamped to MaxInFlight), so the route finds the concurrency its
-	// downstream sustains. Use one AdaptiveLimit per route. nil means the
+	// handler latency and results (AIMD between its bounds; New lowers its
+	// Max to MaxInFlight with CapMax when it is larger), so the route finds
+	// the concurrency its downstream sustains. Each route needs its own
+	// AdaptiveLimit: New refuses one shared by two routes. nil means the
 	// window stays at MaxInFlight.
 	AdaptiveLimit *backpressure.AdaptiveLimit
 	// Slots, if set, is a pool of handler slots shared with other routes

@@ -50,6 +50,7 @@ type route struct {
 	// so a handler inherits its message's class without an allocation.
 	classCtx [4]context.Context
 	limit    atomic.Int64 // cfg.AdaptiveLimit's value last applied to the window
+	limitMu  sync.Mutex   // serializes applying cfg.AdaptiveLimit to the window
 	fill     float64      // fetched / asked of the last throttled fetch (fetch loop only)
 
 	failMu   sync.Mutex
@@ -74,6 +75,7 @@ func New(opts Options, routes ...Route) (*Consumer, error) {
 		clock = systemClock{}
 	}
 	seen := map[string]bool{}
+	adaptive := map[*backpressure.AdaptiveLimit]string{}
 	for i := range routes {
 		cfg := routes[i]
 		if err := cfg.validate(); err != nil {
@@ -83,6 +85,14 @@ func New(opts Options, routes ...Route) (*Consumer, error) {
 			return nil, fmt.Errorf("%w: route name %q used twice", ErrInvalidOption, cfg.Name)
 		}
 		seen[cfg.Name] = true
+		if al := cfg.AdaptiveLimit; al != nil {
+			// One limit fed by two routes would size each window from the
+			// other's latency, and CapMax below would cap it to the smaller.
+			if other, ok := adaptive[al]; ok {
+				return nil, fmt.Errorf("%w: routes %q and %q share one AdaptiveLimit; give each route its own", ErrInvalidOption, other, cfg.Name)
+			}
+			adaptive[al] = cfg.Name
+		}
 		w, err := backpressure.NewWindow(cfg.MaxInFlight, cfg.MaxInFlightBytes)
 		if err != nil {
 			return nil, err
@@ -113,7 +123,7 @@ func New(opts Options, routes ...Route) (*Consumer, error) {
 		}
 		r.fill = 1
 		if cfg.AdaptiveLimit != nil {
-			l := cfg.AdaptiveLimit.Limit()
+			l := cfg.AdaptiveLimit.CapMax(cfg.MaxInFlight)
 			w.SetLimit(l)
 			r.limit.Store(int64(l))
 		}
@@ -540,6 +550,13 @@ func (r *route) takeSlot(ctx context.Context, m *Message) bool {
 		}
 		return false
 	}
+	if r.stopping.Load() {
+		// The slot came free after shutdown began: m never started, so it
+		// is returned like any queued message instead of run.
+		r.cfg.Slots.Release()
+		r.settle(m, OutcomeReturned, func() error { return m.Acker.Nak(r.settleCtx, 0) })
+		return false
+	}
 	if r.cfg.ShedNearDeadline > 0 && !m.deadline.IsZero() && m.deadline.Sub(r.clock.Now()) < r.cfg.ShedNearDeadline {
 		r.cfg.Slots.Release()
 		r.shed(m, ShedNearDeadline)
@@ -564,8 +581,14 @@ func (r *route) feedback(now time.Time, latency time.Duration, err error) {
 			res = backpressure.ResultFailed
 		}
 		if l := int64(a.ObserveAt(now, latency, res)); l != r.limit.Load() {
+			// Workers observe concurrently: apply the limit in force now,
+			// under a lock, so a worker holding an older value cannot put
+			// the window back above (or below) what the limit says.
+			r.limitMu.Lock()
+			l = int64(a.Limit())
 			r.limit.Store(l)
 			r.window.SetLimit(int(l))
+			r.limitMu.Unlock()
 		}
 	}
 }
@@ -643,11 +666,14 @@ func (r *route) expire(m *Message, now time.Time) {
 			r.settle(m, OutcomeExpired, func() error { return m.Acker.Term(sctx, ErrExpired.Error()) })
 			return
 		}
+		if !r.claim(m) {
+			return // settled meanwhile (returned at shutdown)
+		}
 		if err := r.cfg.DeadLetter.Write(sctx, r.letter(m, "expired", ErrExpired, now)); err != nil {
-			r.settle(m, OutcomeDLQFailed, func() error { return m.Acker.Nak(sctx, r.retry.Backoff(m.Attempt)) })
+			r.complete(m, OutcomeDLQFailed, func() error { return m.Acker.Nak(sctx, r.retry.Backoff(m.Attempt)) })
 			return
 		}
-		r.settle(m, OutcomeExpired, func() error { return m.Acker.Term(sctx, ErrExpired.Error()) })
+		r.complete(m, OutcomeExpired, func() error { return m.Acker.Term(sctx, ErrExpired.Error()) })
 	default:
 		r.settle(m, OutcomeExpired, func() error { return m.Acker.Ack(sctx) })
 	}
@@ -663,12 +689,15 @@ func (r *route) deadLetter(m *Message, class string, cause error, now time.Time)
 		r.settle(m, OutcomeTerminated, func() error { return m.Acker.Term(sctx, reason) })
 		return OutcomeTerminated
 	}
+	if !r.claim(m) {
+		return OutcomeReturned // settled meanwhile (returned at shutdown)
+	}
 	if err := r.cfg.DeadLetter.Write(sctx, r.letter(m, class, cause, now)); err != nil {
-		r.settle(m, OutcomeDLQFailed, func() error { return m.Acker.Nak(sctx, r.retry.Backoff(m.Attempt)) })
+		r.complete(m, OutcomeDLQFailed, func() error { return m.Acker.Nak(sctx, r.retry.Backoff(m.Attempt)) })
 		return OutcomeDLQFailed
 	}
 	r.forget(m)
-	r.settle(m, OutcomeDeadLettered, func() error { return m.Acker.Term(sctx, reason) })
+	r.complete(m, OutcomeDeadLettered, func() error { return m.Acker.Term(sctx, reason) })
 	return OutcomeDeadLettered
 }
 
@@ -736,16 +765,29 @@ func (r *route) forget(m *Message) {
 // calls do (the broker settlement), then returns the window capacity. It
 // reports whether this call was the one that settled m.
 func (r *route) settle(m *Message, o Outcome, do func() error) bool {
-	if !m.settled.CompareAndSwap(false, true) {
+	if !r.claim(m) {
 		return false
 	}
+	r.complete(m, o, do)
+	return true
+}
+
+// claim makes the caller the one that settles m, or reports false when m is
+// already settled (or being settled). A settlement that must do work first
+// (a dead-letter write) claims m before that work, so a message returned at
+// shutdown while its handler was stuck is not dead-lettered as well when the
+// handler finally returns.
+func (r *route) claim(m *Message) bool { return m.settled.CompareAndSwap(false, true) }
+
+// complete finishes the settlement of a claimed message: it calls do (the
+// broker settlement), then returns the window capacity.
+func (r *route) complete(m *Message, o Outcome, do func() error) {
 	if do != nil {
 		r.settleCall(do())
 	}
 	r.held.remove(m)
 	r.window.Release(1, m.charged)
 	r.c.settled[o].Add(1)
-	return true
 }
 
 // settleUncharged settles a message that holds no window capacity.

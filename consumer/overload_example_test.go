@@ -57,10 +57,13 @@ func Example_retryBudget() {
 }
 
 // Queue shedding: at most 2 fetched messages wait for the single worker;
-// beyond that a queued message of a lower class than the arrival is shed,
-// else the arrival itself (here acked as a counted drop; the default ShedNak
-// hands it back to the broker). The producer marked the odd messages
-// SHEDDABLE; the route's class is CRITICAL.
+// beyond that the oldest queued message of the lowest class present is
+// shed, or the arrival itself when its class is below every queued one
+// (here acked as a counted drop; the default ShedNak hands it back to the
+// broker). The producer marked the odd messages SHEDDABLE; the route's
+// class is CRITICAL. m1 and m3 are shed for being SHEDDABLE, m0 for being
+// the oldest CRITICAL when m4 arrives to a queue of two CRITICAL, m5 as the
+// lowest arrival.
 func Example_queueShedding() {
 	src := memsource.New()
 	release := make(chan struct{})
@@ -109,7 +112,7 @@ func Example_queueShedding() {
 	fmt.Println("shed SHEDDABLE:", s.Shed[consumer.ShedQueueFull][backpressure.Sheddable],
 		"CRITICAL:", s.Shed[consumer.ShedQueueFull][backpressure.Critical])
 	// Output:
-	// ran: [m0 m2]
+	// ran: [m2 m4]
 	// shed SHEDDABLE: 3 CRITICAL: 1
 }
 

@@ -43,14 +43,16 @@ func (q *localQueue) push(m *Message) (victim *Message) {
 			}
 			victim = q.removeLocked(i)
 		case DropLowestCriticality:
-			low, at := m.crit, -1
+			// The oldest queued message of the lowest class present; the
+			// arrival only when its class is below every queued one.
+			at := 0
 			for i, x := range q.items {
-				if x.crit < low {
-					low, at = x.crit, i
+				if x.crit < q.items[at].crit {
+					at = i
 				}
 			}
-			if at < 0 {
-				return m // the arrival is of the lowest class present
+			if m.crit < q.items[at].crit {
+				return m
 			}
 			victim = q.removeLocked(at)
 		}

@@ -75,9 +75,13 @@ type RouteStats struct {
 	// KeepAlives counts InProgress calls made for long-running messages.
 	KeepAlives uint64
 
-	// Shed counts shed messages by reason and message class (indexed by
-	// ShedReason, then backpressure.Criticality); their sum is
-	// Settled[OutcomeShed].
+	// Shed counts shed decisions by reason and message class (indexed by
+	// ShedReason, then backpressure.Criticality). Each shed message ends in
+	// one outcome: Settled[OutcomeShed], except a shed on the broker's last
+	// delivery (DeliveryLimiter) with a DeadLetter sink, which is
+	// dead-lettered with class ClassShed and counted in
+	// Settled[OutcomeDeadLettered] (or OutcomeDLQFailed). So the sum of Shed
+	// is Settled[OutcomeShed] plus those.
 	Shed [numShedReasons][4]uint64
 	// RetryBudgetExhausted counts retryable failures the route's
 	// RetryBudget refused to retry.

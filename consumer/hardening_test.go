@@ -1,0 +1,275 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluice-go/sluice/backpressure"
+	"github.com/sluice-go/sluice/consumer"
+	"github.com/sluice-go/sluice/dlq"
+	"github.com/sluice-go/sluice/internal/memsource"
+)
+
+// An AdaptiveLimit whose Max is above the route's MaxInFlight is capped to
+// it, so the first bad interval shrinks the window itself rather than an
+// invisible limit far above it (1000 → 800 → … would take ~20 intervals to
+// reach a window of 8).
+func TestAdaptiveLimitCappedToWindow(t *testing.T) {
+	al, err := backpressure.NewAdaptiveLimit(backpressure.AdaptiveLimitOptions{Max: 1000,
+		Interval: time.Nanosecond, MinSamples: 1, Cooldown: -1, Target: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := memsource.New()
+	r := route("capped", src, func(ctx context.Context, m *consumer.Message) error {
+		return consumer.Overloaded(errors.New("downstream full"))
+	})
+	r.Workers, r.MaxInFlight, r.MinFetch = 1, 8, 1
+	r.AdaptiveLimit = al
+	c, err := consumer.New(consumer.Options{}, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, hi := al.Bounds(); hi != 8 || al.Limit() != 8 || c.Stats()[0].WindowLimit != 8 {
+		t.Fatalf("bounds hi %d, limit %d, window %d: want all 8", hi, al.Limit(), c.Stats()[0].WindowLimit)
+	}
+	stop := start(t, c)
+	src.Publish("m0", []byte("x"), nil, time.Time{})
+	src.Publish("m1", []byte("x"), nil, time.Time{})
+	eventually(t, "window shrinks", func() bool { return c.Stats()[0].WindowLimit < 8 })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := c.Stats()[0].WindowLimit, al.Limit(); got != want {
+		t.Fatalf("window limit %d, adaptive limit %d", got, want)
+	}
+}
+
+// Workers report results concurrently; whenever the route is idle the
+// window's limit must be the AdaptiveLimit's. Before the fix a worker that
+// had observed an older value could re-apply it after another worker
+// applied a newer one, leaving the window off until the next change.
+func TestAdaptiveLimitWindowAgreesWhenIdle(t *testing.T) {
+	al, err := backpressure.NewAdaptiveLimit(backpressure.AdaptiveLimitOptions{Min: 1, Max: 64,
+		Interval: time.Nanosecond, MinSamples: 1, Cooldown: -1, Target: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := memsource.New()
+	var n atomic.Int64
+	r := route("agree", src, func(ctx context.Context, m *consumer.Message) error {
+		if n.Add(1)%3 == 0 {
+			return consumer.Overloaded(nil) // shrink
+		}
+		return nil // grow
+	})
+	r.Workers, r.MaxInFlight, r.MinFetch = 8, 64, 1
+	r.OnOverloaded = consumer.OverloadedNak
+	r.AdaptiveLimit = al
+	c, err := consumer.New(consumer.Options{}, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start(t, c)
+	rounds := 400
+	if testing.Short() {
+		rounds = 40
+	}
+	for round := range rounds {
+		for i := range 64 {
+			src.Publish(fmt.Sprintf("r%d-%d", round, i), []byte("x"), nil, time.Time{})
+		}
+		// Overloaded results are nak'd and come back until each message
+		// succeeds. A success is counted after its handler's feedback, so
+		// once every message has succeeded no feedback is pending.
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			s := c.Stats()[0]
+			if s.Settled[consumer.OutcomeSucceeded] == uint64(64*(round+1)) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("round %d: not drained: %+v", round, s)
+			}
+			time.Sleep(100 * time.Microsecond)
+		}
+		if got, want := c.Window("agree").Limit(), al.Limit(); got != want {
+			t.Fatalf("round %d: idle window limit %d, adaptive limit %d", round, got, want)
+		}
+	}
+}
+
+// A handler that ignores cancellation is given up on at shutdown: its
+// message is returned (nak'd). When the handler finally returns a
+// permanent error, the message must not also be written to the DLQ and
+// terminated: it already ended in "returned".
+func TestStuckHandlerNotDeadLetteredAfterReturn(t *testing.T) {
+	src := memsource.New()
+	var box letterBox
+	release := make(chan struct{})
+	finished := make(chan struct{})
+	r := route("stuck", src, func(ctx context.Context, m *consumer.Message) error {
+		defer close(finished)
+		<-release // ignores ctx
+		return consumer.Permanent(errors.New("poison"))
+	})
+	r.Workers = 1
+	r.DeadLetter = box.sink()
+	c, err := consumer.New(consumer.Options{ShutdownGrace: time.Millisecond}, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := start(t, c)
+	src.Publish("m0", []byte("x"), nil, time.Time{})
+	eventually(t, "running", func() bool { return c.Stats()[0].Fetched == 1 && src.Queued() == 0 })
+	time.Sleep(5 * time.Millisecond)
+	if err := stop(); !errors.Is(err, consumer.ErrStuckHandlers) {
+		t.Fatalf("Run: %v", err)
+	}
+	close(release)
+	<-finished
+	time.Sleep(10 * time.Millisecond) // let finish run
+	if n := box.count(dlq.ClassPermanent); n != 0 {
+		t.Fatalf("%d dead letters for a message already returned", n)
+	}
+	s := c.Stats()[0]
+	if s.Settled[consumer.OutcomeReturned] != 1 || settledTotal(s) != 1 || s.InFlight != 0 {
+		t.Fatalf("settled %v in flight %d", s.Settled, s.InFlight)
+	}
+	ledger, errs := src.Ledger()
+	if len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	if rec := ledger["m0"]; rec.Naks != 1 || rec.Terms != 0 || rec.Acks != 0 {
+		t.Fatalf("m0 %+v", rec)
+	}
+}
+
+// Routes share Slots(1). A message of route "b" waits for the slot while
+// route "a"'s handler holds it; shutdown begins, then a's handler finishes
+// within the grace. The slot freed after shutdown began must not start b's
+// message: it never started, so it is returned like a queued one.
+func TestSlotFreedAfterShutdownDoesNotStartWork(t *testing.T) {
+	slots, err := backpressure.NewSlots(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srcA, srcB := memsource.New(), memsource.New()
+	release := make(chan struct{})
+	var ranB atomic.Int64
+	ra := route("a", srcA, func(ctx context.Context, m *consumer.Message) error {
+		<-release
+		return nil
+	})
+	rb := route("b", srcB, func(ctx context.Context, m *consumer.Message) error {
+		ranB.Add(1)
+		return nil
+	})
+	ra.Workers, rb.Workers = 1, 1
+	ra.Criticality, rb.Criticality = backpressure.Critical, backpressure.Critical
+	ra.Slots, rb.Slots = slots, slots
+	c, err := consumer.New(consumer.Options{ShutdownGrace: 5 * time.Second}, ra, rb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := start(t, c)
+	srcA.Publish("a0", []byte("x"), nil, time.Time{})
+	eventually(t, "a holds the slot", func() bool { return slots.InUse() == 1 })
+	srcB.Publish("b0", []byte("x"), nil, time.Time{})
+	eventually(t, "b waits", func() bool { return slots.Waited()[backpressure.Critical] == 1 })
+	errc := make(chan error, 1)
+	go func() { errc <- stop() }()
+	time.Sleep(20 * time.Millisecond) // shutdown under way
+	close(release)
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	if n := ranB.Load(); n != 0 {
+		t.Fatalf("b's handler ran %d times after shutdown began", n)
+	}
+	sb := c.Stats()[1]
+	if sb.Settled[consumer.OutcomeReturned] != 1 || sb.InFlight != 0 || slots.InUse() != 0 {
+		t.Fatalf("b settled %v in flight %d, slots in use %d", sb.Settled, sb.InFlight, slots.InUse())
+	}
+}
+
+// Shutdown with a full local queue (LIFO order, queue shedding): the
+// running message finishes within the grace, every queued one is returned
+// exactly once, none runs after shutdown began, the window ends empty and
+// the workers exit (goleak in TestMain).
+func TestShutdownReturnsLocalQueue(t *testing.T) {
+	for _, drop := range []consumer.DropPolicy{consumer.DropNewest, consumer.DropOldest, consumer.DropRandom, consumer.DropLowestCriticality} {
+		t.Run(fmt.Sprint(drop), func(t *testing.T) {
+			src := memsource.New()
+			release := make(chan struct{})
+			var ran atomic.Int64
+			r := route("lq", src, func(ctx context.Context, m *consumer.Message) error {
+				if string(m.Key) == "m0" {
+					<-release
+					return nil
+				}
+				ran.Add(1)
+				return nil
+			})
+			r.Workers, r.MaxInFlight, r.MinFetch = 1, 32, 1
+			r.QueueOrder, r.Drop, r.ShedQueueLength = consumer.QueueLIFO, drop, 10
+			r.OnShed = consumer.ShedAck
+			c, err := consumer.New(consumer.Options{ShutdownGrace: 5 * time.Second}, r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			stop := start(t, c)
+			src.Publish("m0", []byte("x"), nil, time.Time{})
+			eventually(t, "m0 running", func() bool { return c.Stats()[0].Fetched == 1 && src.Queued() == 0 })
+			time.Sleep(5 * time.Millisecond)
+			for i := 1; i <= 20; i++ {
+				src.Publish(fmt.Sprintf("m%d", i), []byte("x"), nil, time.Time{})
+			}
+			eventually(t, "fetched", func() bool { return c.Stats()[0].Fetched == 21 })
+			errc := make(chan error, 1)
+			go func() { errc <- stop() }()
+			time.Sleep(10 * time.Millisecond)
+			close(release)
+			if err := <-errc; err != nil {
+				t.Fatal(err)
+			}
+			s := c.Stats()[0]
+			if ran.Load() != 0 {
+				t.Fatalf("%d queued messages ran after shutdown began", ran.Load())
+			}
+			if s.Settled[consumer.OutcomeSucceeded] != 1 || s.Settled[consumer.OutcomeShed] != 10 ||
+				s.Settled[consumer.OutcomeReturned] != 10 || settledTotal(s) != 21 || s.InFlight != 0 || s.InFlightBytes != 0 {
+				t.Fatalf("settled %v in flight %d/%d", s.Settled, s.InFlight, s.InFlightBytes)
+			}
+			ledger, errs := src.Ledger()
+			if len(errs) > 0 {
+				t.Fatal(errs)
+			}
+			for id, rec := range ledger {
+				if rec.Acks+rec.Naks+rec.Terms != 1 || rec.Pending {
+					t.Fatalf("%s %+v", id, rec)
+				}
+			}
+		})
+	}
+}
+
+// One AdaptiveLimit shared by two routes would size each window from the
+// other's results (and be capped to the smaller window): New refuses it.
+func TestSharedAdaptiveLimitRefused(t *testing.T) {
+	al, _ := backpressure.NewAdaptiveLimit(backpressure.AdaptiveLimitOptions{Max: 8})
+	noop := func(context.Context, *consumer.Message) error { return nil }
+	a, b := route("a", memsource.New(), noop), route("b", memsource.New(), noop)
+	a.AdaptiveLimit, b.AdaptiveLimit = al, al
+	if _, err := consumer.New(consumer.Options{}, a, b); !errors.Is(err, consumer.ErrInvalidOption) {
+		t.Fatalf("shared AdaptiveLimit: %v", err)
+	}
+	b.AdaptiveLimit, _ = backpressure.NewAdaptiveLimit(backpressure.AdaptiveLimitOptions{Max: 8})
+	if _, err := consumer.New(consumer.Options{}, a, b); err != nil {
+		t.Fatal(err)
+	}
+}

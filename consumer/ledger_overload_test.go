@@ -1,0 +1,164 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluice-go/sluice/backpressure"
+	"github.com/sluice-go/sluice/consumer"
+	"github.com/sluice-go/sluice/dlq"
+	"github.com/sluice-go/sluice/expiry"
+	"github.com/sluice-go/sluice/internal/memsource"
+)
+
+// The ledger under the overload policies, stopped mid-run so shutdown meets
+// a full local queue, waiters on shared Slots and a shrunken adaptive
+// window: every delivery is settled exactly once (memsource reports double
+// settlement and redelivery while pending), every message is either
+// settled for good or back in the broker, the window ends empty and
+// Fetched equals the sum of outcomes.
+func TestOverloadLedgerProperty(t *testing.T) {
+	seeds := uint64(12)
+	if testing.Short() {
+		seeds = 3
+	}
+	for seed := range seeds {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(seed, 7))
+			// Every third seed has handlers that ignore ctx and a grace too
+			// short for them, so Run returns them (ErrStuckHandlers) while
+			// they still run; their late results must not settle again.
+			stuck := seed%3 == 2
+			grace := time.Second
+			if stuck {
+				grace = time.Microsecond
+			}
+			var mu sync.Mutex
+			intn := func(n int) int { mu.Lock(); defer mu.Unlock(); return rng.IntN(n) }
+
+			slots, _ := backpressure.NewSlots(1 + intn(4))
+			budget, _ := backpressure.NewRetryBudget(backpressure.RetryBudgetOptions{})
+			srcs := []*memsource.Source{memsource.New(), memsource.New()}
+			const n = 400
+			now := time.Now()
+			for ri, src := range srcs {
+				for i := range n {
+					var h consumer.Headers
+					if intn(2) == 0 {
+						h = consumer.Headers{consumer.CriticalityHeader: {backpressure.Criticality(intn(4)).String()}}
+					}
+					pub := time.Time{}
+					if intn(3) == 0 {
+						pub = now.Add(-time.Duration(intn(400)) * time.Millisecond)
+					}
+					src.Publish(fmt.Sprintf("r%d-%d", ri, i), make([]byte, intn(100)), h, pub)
+				}
+			}
+			h := func(ctx context.Context, m *consumer.Message) error {
+				x := intn(100)
+				switch {
+				case x < 3:
+					panic("random panic")
+				case x < 13:
+					return errors.New("retryable")
+				case x < 16:
+					return consumer.Permanent(errors.New("poison"))
+				case x < 22:
+					return consumer.Overloaded(nil)
+				case x < 30:
+					d := time.Duration(intn(3000)) * time.Microsecond
+					if stuck {
+						time.Sleep(d) // ignores ctx: shutdown gives up on it
+						break
+					}
+					select {
+					case <-time.After(d):
+					case <-ctx.Done():
+					}
+				}
+				return nil
+			}
+			var routes []consumer.Route
+			for ri, src := range srcs {
+				r := route("r"+strconv.Itoa(ri), src, h)
+				r.Workers, r.MaxInFlight, r.MaxInFlightBytes, r.MinFetch = 1+intn(4), 8+intn(24), 1500, 1+intn(4)
+				r.Criticality = backpressure.Criticality(intn(4))
+				r.Retry.MaxAttempts = 1 + intn(5)
+				if intn(2) == 0 {
+					r.DeadLetter = dlq.SinkFunc(func(context.Context, *dlq.Letter) error {
+						if intn(10) == 0 {
+							return errors.New("dlq down")
+						}
+						return nil
+					})
+				}
+				r.QueueOrder = consumer.QueueOrder(intn(2))
+				r.Drop = consumer.DropPolicy(intn(4))
+				r.ShedQueueLength = intn(6)
+				r.OnShed = consumer.ShedAction(intn(2))
+				r.OnOverloaded = consumer.OverloadedAction(intn(2))
+				r.OnExpired = consumer.ExpiredAction(intn(3))
+				r.Expiry = expiry.Policy{MaxAge: 300 * time.Millisecond}
+				if intn(2) == 0 {
+					r.ShedNearDeadline = time.Duration(intn(100)) * time.Millisecond
+				}
+				if intn(2) == 0 {
+					r.Slots = slots
+				}
+				if intn(2) == 0 {
+					r.RetryBudget = budget
+				}
+				if intn(2) == 0 {
+					r.AdaptiveLimit, _ = backpressure.NewAdaptiveLimit(backpressure.AdaptiveLimitOptions{
+						Max: r.MaxInFlight, Interval: time.Millisecond, MinSamples: 2, Target: time.Millisecond})
+				}
+				if intn(2) == 0 {
+					r.Throttle, _ = backpressure.NewThrottle(backpressure.ThrottleOptions{Window: 100 * time.Millisecond, Buckets: 10})
+					r.ThrottleWait = time.Millisecond
+				}
+				routes = append(routes, r)
+			}
+			c, err := consumer.New(consumer.Options{ShutdownGrace: grace}, routes...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			stop := start(t, c)
+			time.Sleep(time.Duration(50+intn(150)) * time.Millisecond)
+			if err := stop(); err != nil && !(stuck && errors.Is(err, consumer.ErrStuckHandlers)) {
+				t.Fatal(err)
+			}
+			if stuck {
+				time.Sleep(50 * time.Millisecond) // the stuck handlers finish
+			}
+			if u := slots.InUse(); u != 0 {
+				t.Fatalf("slots in use after Run: %d", u)
+			}
+			for ri, src := range srcs {
+				s := c.Stats()[ri]
+				if s.InFlight != 0 || s.InFlightBytes != 0 || s.Fetched != settledTotal(s) {
+					t.Fatalf("route %d: in flight %d/%d, fetched %d, settled %v", ri, s.InFlight, s.InFlightBytes, s.Fetched, s.Settled)
+				}
+				ledger, violations := src.Ledger()
+				if len(violations) > 0 {
+					t.Fatalf("route %d: %v", ri, violations[:min(5, len(violations))])
+				}
+				final := 0
+				for id, rec := range ledger {
+					if rec.Pending || rec.Acks+rec.Terms > 1 || rec.Deliveries != rec.Acks+rec.Terms+rec.Naks {
+						t.Fatalf("%s: %+v", id, rec)
+					}
+					final += rec.Acks + rec.Terms
+				}
+				if final+src.Queued() != n {
+					t.Fatalf("route %d: %d settled for good + %d back in the broker != %d produced", ri, final, src.Queued(), n)
+				}
+			}
+		})
+	}
+}
