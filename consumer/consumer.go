@@ -30,6 +30,8 @@ type route struct {
 	retry RetryPolicy
 	// maxDeliver is the broker's delivery limit (DeliveryLimiter), 0 if none.
 	maxDeliver int
+	// timed: something reads handler latency (an Observer or a policy).
+	timed bool
 	window     *backpressure.Window
 	clock      Clock
 	queue      chan *Message
@@ -144,6 +146,7 @@ func New(opts Options, routes ...Route) (*Consumer, error) {
 		if opts.Observer != nil {
 			r.obs = opts.Observer.ObserveRoute(r.info(), r.stats)
 		}
+		r.timed = r.obs != nil || cfg.RetryBudget != nil || cfg.Throttle != nil || cfg.AdaptiveLimit != nil
 		c.routes = append(c.routes, r)
 	}
 	return c, nil
@@ -520,6 +523,11 @@ func (r *route) process(m *Message) {
 			return
 		}
 		defer r.cfg.Slots.Release()
+	}
+	if !r.timed {
+		// Nobody reads the handler's latency: skip the two clock reads.
+		r.finish(ctx, m, r.call(ctx, m))
+		return
 	}
 	start := time.Now()
 	if r.cfg.RetryBudget != nil && m.Attempt <= 1 {
