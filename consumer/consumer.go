@@ -31,20 +31,20 @@ type route struct {
 	// maxDeliver is the broker's delivery limit (DeliveryLimiter), 0 if none.
 	maxDeliver int
 	// timed: something reads handler latency (an Observer or a policy).
-	timed bool
-	window     *backpressure.Window
-	clock      Clock
-	queue      chan *Message
-	lq         *localQueue // instead of queue for LIFO or queue shedding
-	held       inflight
-	c          counters
-	obs        RouteObserver
-	maxBatch   int
-	minFetch   int
-	keepAlive  time.Duration
-	expiryOn   bool
-	header     string
-	stopping   atomic.Bool
+	timed     bool
+	window    *backpressure.Window
+	clock     Clock
+	queue     chan *Message
+	lq        *localQueue // instead of queue for LIFO or queue shedding
+	held      inflight
+	c         counters
+	obs       RouteObserver
+	maxBatch  int
+	minFetch  int
+	keepAlive time.Duration
+	expiryOn  bool
+	header    string
+	stopping  atomic.Bool
 
 	handlerCtx context.Context
 	settleCtx  context.Context
