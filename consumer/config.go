@@ -205,9 +205,12 @@ type Route struct {
 	// Drop chooses the message shed by ShedQueueLength; default DropNewest.
 	Drop DropPolicy
 	// ShedNearDeadline sheds (reason ShedNearDeadline) a message that has
-	// less than this left before its deadline when a worker picks it: it
-	// would most likely finish late. 0 means off; messages without a
-	// deadline are never shed this way.
+	// less than this left before its deadline when it is fetched or when a
+	// worker picks it: it would most likely finish late, so it should not
+	// take a window slot or a worker. Set it to about the handler's p99:
+	// under a sustained backlog, an expiry check alone lets workers start
+	// messages with almost no time left, which then finish late. 0 means
+	// off; messages without a deadline are never shed this way.
 	ShedNearDeadline time.Duration
 	// OnShed settles shed messages; default ShedNak.
 	OnShed ShedAction

@@ -424,6 +424,10 @@ func (r *route) admit(ctx context.Context, msgs []*Message) {
 				r.expire(m, now)
 				continue
 			}
+			if r.cfg.ShedNearDeadline > 0 && !m.deadline.IsZero() && m.deadline.Sub(now) < r.cfg.ShedNearDeadline {
+				r.shed(m, ShedNearDeadline)
+				continue
+			}
 		}
 		r.enqueue(m)
 	}

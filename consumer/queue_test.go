@@ -287,3 +287,40 @@ func TestAdaptiveLimitDrivesWindow(t *testing.T) {
 		t.Fatalf("normal %d slow %d back %d", normal, slow, back)
 	}
 }
+
+// Near-deadline shedding happens at fetch too: the message does not wait in
+// the window for a worker (here the only worker is busy) only to be shed.
+func TestShedNearDeadlineAtFetch(t *testing.T) {
+	src := memsource.New()
+	now := time.Now()
+	src.Publish("busy", []byte("x"), nil, now)
+	src.Publish("old", []byte("x"), nil, now.Add(-450*time.Millisecond))
+	release := make(chan struct{})
+	r := route("d", src, func(ctx context.Context, m *consumer.Message) error {
+		if string(m.Key) == "busy" {
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+		}
+		return nil
+	})
+	r.Workers = 1
+	r.Expiry = expiry.Policy{MaxAge: 500 * time.Millisecond}
+	r.ShedNearDeadline = 200 * time.Millisecond
+	c, err := consumer.New(consumer.Options{}, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := start(t, c)
+	eventually(t, "old shed while the worker is busy", func() bool {
+		// memsource redelivers a Nak at once, so it may be shed again
+		// until it expires.
+		return c.Stats()[0].Shed[consumer.ShedNearDeadline][backpressure.Sheddable] >= 1
+	})
+	close(release)
+	eventually(t, "busy settled", func() bool { return c.Stats()[0].Settled[consumer.OutcomeSucceeded] == 1 })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+}
