@@ -41,33 +41,7 @@ func (s *benchSource) Fetch(ctx context.Context, n int, _ int64) ([]*consumer.Me
 }
 
 func BenchmarkCorePath(b *testing.B) {
-	var settled atomic.Int64
-	msgs := make([]*consumer.Message, b.N)
-	val := make([]byte, 128)
-	ack := countAcker{&settled}
-	for i := range msgs {
-		msgs[i] = &consumer.Message{Value: val, Acker: ack}
-	}
-	src := &benchSource{msgs: msgs, done: make(chan struct{})}
-	c, err := consumer.New(consumer.Options{}, consumer.Route{
-		Name: "bench", Source: src, Workers: 2, MaxInFlight: 256, MaxInFlightBytes: 64 << 20,
-		Handler: func(context.Context, *consumer.Message) error { return nil },
-	})
-	if err != nil {
-		b.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	b.ReportAllocs()
-	b.ResetTimer()
-	errc := make(chan error, 1)
-	go func() { errc <- c.Run(ctx) }()
-	for settled.Load() < int64(b.N) {
-		time.Sleep(50 * time.Microsecond)
-	}
-	b.StopTimer()
-	cancel()
-	<-errc
+	benchCorePath(b, func(r *consumer.Route) {})
 }
 
 // BenchmarkCorePathOverload is BenchmarkCorePath with the overload options
@@ -75,6 +49,19 @@ func BenchmarkCorePath(b *testing.B) {
 // AdaptiveLimit, a pull Throttle and LIFO queue shedding), to compare
 // side by side with the plain route.
 func BenchmarkCorePathOverload(b *testing.B) {
+	slots, _ := backpressure.NewSlots(64)
+	budget, _ := backpressure.NewRetryBudget(backpressure.RetryBudgetOptions{})
+	limit, _ := backpressure.NewAdaptiveLimit(backpressure.AdaptiveLimitOptions{Min: 16, Max: 256, Target: time.Second})
+	throttle, _ := backpressure.NewThrottle(backpressure.ThrottleOptions{})
+	benchCorePath(b, func(r *consumer.Route) {
+		r.Criticality, r.Slots, r.RetryBudget, r.AdaptiveLimit, r.Throttle = backpressure.Critical, slots, budget, limit, throttle
+		r.QueueOrder, r.ShedQueueLength, r.Drop = consumer.QueueLIFO, 250, consumer.DropOldest
+	})
+}
+
+// benchCorePath runs b.N in-memory messages through one route (window 256,
+// 2 workers, no-op handler) shaped by opt.
+func benchCorePath(b *testing.B, opt func(*consumer.Route)) {
 	var settled atomic.Int64
 	msgs := make([]*consumer.Message, b.N)
 	val := make([]byte, 128)
@@ -83,16 +70,12 @@ func BenchmarkCorePathOverload(b *testing.B) {
 		msgs[i] = &consumer.Message{Value: val, Acker: ack}
 	}
 	src := &benchSource{msgs: msgs, done: make(chan struct{})}
-	slots, _ := backpressure.NewSlots(64)
-	budget, _ := backpressure.NewRetryBudget(backpressure.RetryBudgetOptions{})
-	limit, _ := backpressure.NewAdaptiveLimit(backpressure.AdaptiveLimitOptions{Min: 16, Max: 256, Target: time.Second})
-	throttle, _ := backpressure.NewThrottle(backpressure.ThrottleOptions{})
-	c, err := consumer.New(consumer.Options{}, consumer.Route{
+	r := consumer.Route{
 		Name: "bench", Source: src, Workers: 2, MaxInFlight: 256, MaxInFlightBytes: 64 << 20,
-		Criticality: backpressure.Critical, Slots: slots, RetryBudget: budget, AdaptiveLimit: limit, Throttle: throttle,
-		QueueOrder: consumer.QueueLIFO, ShedQueueLength: 250, Drop: consumer.DropOldest,
 		Handler: func(context.Context, *consumer.Message) error { return nil },
-	})
+	}
+	opt(&r)
+	c, err := consumer.New(consumer.Options{}, r)
 	if err != nil {
 		b.Fatal(err)
 	}
