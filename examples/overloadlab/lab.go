@@ -14,6 +14,7 @@ import (
 	"github.com/sluice-go/sluice/backpressure"
 	"github.com/sluice-go/sluice/consumer"
 	"github.com/sluice-go/sluice/expiry"
+	"github.com/sluice-go/sluice/internal/demo"
 )
 
 // kind is which consumer a trial runs.
@@ -135,16 +136,7 @@ func (r *recorder) run(m labMsg, start, end time.Time, ok bool) {
 // sleep is the handler's cost: an I/O-like wait, so a 2-core machine can
 // emulate any capacity honestly (CPU-bound handlers would compete with the
 // broker and the producer for the same cores).
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
+var sleep = demo.Sleep
 
 // heapSampler records the peak live heap while it runs.
 type heapSampler struct {
