@@ -17,7 +17,10 @@
 // arrive. At most one request is open, and it was sized from capacity that
 // stays free until its messages arrive, so the client holds nothing the
 // window does not cover: no prefetch buffer, nothing waiting locally past
-// AckWait. NewSourceFor sets MaxAckPending to at least the window.
+// AckWait. NewSourceFor sets MaxAckPending to at least the window. On
+// shutdown, what already arrived is handed back (nak'd at once); a delivery
+// the server sends for the open pull after the route stopped reading is
+// redelivered after AckWait.
 //
 // # Settlement
 //
