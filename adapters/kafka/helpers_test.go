@@ -104,12 +104,16 @@ func (l *ledger) missing(end map[int]int64) []string {
 	return out
 }
 
-// watchCommits polls the broker's committed offsets of group and reports a
-// commit that decreased. It stops when ctx is done.
-func watchCommits(ctx context.Context, t testing.TB, group, topic string, partitions int, wg *sync.WaitGroup, bad func(string)) {
-	wg.Add(1)
+// watchCommits polls the broker's committed offsets of group every 100 ms
+// and notes a commit that decreased. The returned stop ends the polling and
+// returns those notes.
+func watchCommits(t testing.TB, group, topic string, partitions int) (stop func() []string) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var mu sync.Mutex
+	var bad []string
+	done := make(chan struct{})
 	go func() {
-		defer wg.Done()
+		defer close(done)
 		last := map[int]int64{}
 		tick := time.NewTicker(100 * time.Millisecond)
 		defer tick.Stop()
@@ -119,20 +123,29 @@ func watchCommits(ctx context.Context, t testing.TB, group, topic string, partit
 				return
 			case <-tick.C:
 			}
-			qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			qctx, qcancel := context.WithTimeout(ctx, 5*time.Second)
 			got, err := cluster.Committed(qctx, group, topic, partitions)
-			cancel()
+			qcancel()
 			if err != nil {
 				continue
 			}
 			for p, off := range got {
 				if off < last[p] && off >= 0 {
-					bad(fmt.Sprintf("broker commit of p%d went back %d -> %d", p, last[p], off))
+					mu.Lock()
+					bad = append(bad, fmt.Sprintf("broker commit of p%d went back %d -> %d", p, last[p], off))
+					mu.Unlock()
 				}
 				last[p] = max(last[p], off)
 			}
 		}
 	}()
+	return func() []string {
+		cancel()
+		<-done
+		mu.Lock()
+		defer mu.Unlock()
+		return bad
+	}
 }
 
 // produceN writes n messages with value "i" and key "k<i>" to topic and

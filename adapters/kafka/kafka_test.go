@@ -64,11 +64,7 @@ func TestLedger(t *testing.T) {
 	l := newLedger(t, topic)
 	sink, letters := recordingSink(t, dlqTopic, l)
 
-	var watch sync.WaitGroup
-	wctx, stopWatch := context.WithCancel(context.Background())
-	var badMu sync.Mutex
-	var brokerBad []string
-	watchCommits(wctx, t, group, topic, parts, &watch, func(s string) { badMu.Lock(); brokerBad = append(brokerBad, s); badMu.Unlock() })
+	stopWatch := watchCommits(t, group, topic, parts)
 
 	var retried atomic.Int64
 	cfg := testConfig(group, topic)
@@ -95,8 +91,7 @@ func TestLedger(t *testing.T) {
 	})
 	waitFor(t, 40*time.Second, "all offsets committed", func() bool { return committedAll(group, topic, end) })
 	m.stop(t)
-	stopWatch()
-	watch.Wait()
+	brokerBad := stopWatch()
 
 	unique, dups := l.counts()
 	st := m.src.Stats()
@@ -128,11 +123,7 @@ func TestCommitInvariant(t *testing.T) {
 	group := kafkatest.UniqueName("invariant")
 	end := produceN(t, topic, n, 32, nil)
 	l := newLedger(t, topic)
-	var watch sync.WaitGroup
-	wctx, stopWatch := context.WithCancel(context.Background())
-	var badMu sync.Mutex
-	var brokerBad []string
-	watchCommits(wctx, t, group, topic, parts, &watch, func(s string) { badMu.Lock(); brokerBad = append(brokerBad, s); badMu.Unlock() })
+	stopWatch := watchCommits(t, group, topic, parts)
 
 	cfg := testConfig(group, topic)
 	cfg.CommitInterval = 20 * time.Millisecond
@@ -150,8 +141,7 @@ func TestCommitInvariant(t *testing.T) {
 	})
 	waitFor(t, 40*time.Second, "all offsets committed", func() bool { return committedAll(group, topic, end) })
 	m.stop(t)
-	stopWatch()
-	watch.Wait()
+	brokerBad := stopWatch()
 	unique, dups := l.counts()
 	t.Logf("%s: %d unique, %d duplicates, %d commits", cluster.Kind(), unique, dups, l.commits)
 	if int64(unique) != total(end) {
@@ -228,11 +218,7 @@ func TestRebalanceChurn(t *testing.T) {
 	group := kafkatest.UniqueName("churn")
 	end := produceN(t, topic, n, 32, nil)
 	l := newLedger(t, topic)
-	var watch sync.WaitGroup
-	wctx, stopWatch := context.WithCancel(context.Background())
-	var badMu sync.Mutex
-	var brokerBad []string
-	watchCommits(wctx, t, group, topic, parts, &watch, func(s string) { badMu.Lock(); brokerBad = append(brokerBad, s); badMu.Unlock() })
+	stopWatch := watchCommits(t, group, topic, parts)
 
 	route := func() consumer.Route {
 		return consumer.Route{
@@ -271,8 +257,7 @@ func TestRebalanceChurn(t *testing.T) {
 	c.stop(t)
 	d.stop(t)
 	stats = append(stats, c.src.Stats(), d.src.Stats())
-	stopWatch()
-	watch.Wait()
+	brokerBad := stopWatch()
 
 	unique, dups := l.counts()
 	var gens, stale, dropped, commitErrs, fenced int64
