@@ -31,10 +31,12 @@ type Window struct {
 	Bytes    int64
 }
 
-// Config configures a group Source. Brokers, GroupID, Topics and Window
+// Config configures a group Source. Cluster, GroupID, Topics and Window
 // are required; every other zero value picks the default named.
 type Config struct {
-	Brokers []string
+	// Cluster is the Kafka cluster to read (and write retries to). Sources,
+	// sinks and replay targets built from one *Cluster share its transport.
+	Cluster *Cluster
 	GroupID string
 	Topics  []string
 	// Window is the route's window (required, both > 0).
@@ -101,11 +103,6 @@ type Config struct {
 	// only work whose originals are committed.
 	RetryTopic string
 
-	// Dialer is used for the group coordinator. nil means kafka-go's default.
-	Dialer *kafka.Dialer
-	// Transport carries fetches and retry writes. nil means a Transport of
-	// the Source's own, whose idle connections Close closes.
-	Transport *kafka.Transport
 	// Logger and ErrorLogger receive kafka-go's group logs. nil: none.
 	Logger      kafka.Logger
 	ErrorLogger kafka.Logger
@@ -120,9 +117,10 @@ func (c *Config) validate() error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: kafka source: "+format, append([]any{consumer.ErrInvalidOption}, args...)...)
 	}
+	if err := c.Cluster.validate("source"); err != nil {
+		return err
+	}
 	switch {
-	case len(c.Brokers) == 0:
-		return bad("no Brokers")
 	case c.GroupID == "":
 		return bad("no GroupID")
 	case len(c.Topics) == 0:
@@ -192,7 +190,8 @@ func (c *Config) validate() error {
 }
 
 // ConfigFromReader builds a Config from a kafka-go group ReaderConfig
-// (GroupID, Brokers, GroupTopics or Topic, Dialer, StartOffset, session,
+// (GroupID, Brokers, GroupTopics or Topic, the Dialer's TLS, SASL, client
+// id and timeout as a new Cluster, StartOffset, session,
 // heartbeat and rebalance timing, CommitInterval, MaxBytes, MaxWait,
 // loggers), so an application that configured a kafka.Reader can move to a
 // Source without restating it. QueueCapacity is replaced by the window.
@@ -201,9 +200,13 @@ func ConfigFromReader(rc kafka.ReaderConfig, window Window) Config {
 	if len(topics) == 0 && rc.Topic != "" {
 		topics = []string{rc.Topic}
 	}
+	cl := &Cluster{Brokers: rc.Brokers}
+	if d := rc.Dialer; d != nil {
+		cl.TLS, cl.SASL, cl.ClientID, cl.DialTimeout = d.TLS, d.SASLMechanism, d.ClientID, d.Timeout
+	}
 	c := Config{
-		Brokers: rc.Brokers, GroupID: rc.GroupID, Topics: topics, Window: window,
-		Dialer: rc.Dialer, StartOffset: rc.StartOffset,
+		Cluster: cl, GroupID: rc.GroupID, Topics: topics, Window: window,
+		StartOffset:    rc.StartOffset,
 		SessionTimeout: rc.SessionTimeout, HeartbeatInterval: rc.HeartbeatInterval,
 		RebalanceTimeout: rc.RebalanceTimeout, CommitInterval: rc.CommitInterval,
 		FetchMaxBytes: rc.MaxBytes, FetchMaxWait: rc.MaxWait,

@@ -57,7 +57,7 @@ func ExampleNewSource() {
 
 	window := kafkaadapter.Window{Messages: 64, Bytes: 1 << 20}
 	src, err := kafkaadapter.NewSource(kafkaadapter.Config{
-		Brokers: c.Brokers, GroupID: kafkatest.UniqueName("orders"), Topics: []string{topic},
+		Cluster: c.Kafka(), GroupID: kafkatest.UniqueName("orders"), Topics: []string{topic},
 		Window: window, SessionTimeout: 6 * time.Second,
 	})
 	if err != nil {

@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	kafkaadapter "github.com/sluice-go/sluice/adapters/kafka"
 	"github.com/sluice-go/sluice/consumer"
 	"github.com/sluice-go/sluice/internal/kafkatest"
 )
@@ -55,10 +55,10 @@ func TestConnectionDrops(t *testing.T) {
 	end := produceN(t, topic, n, 32, nil)
 	l := newLedger(t, topic)
 	fd := &flakyDialer{k: 7}
-	tr := &kafka.Transport{Dial: fd.dial}
-	defer tr.CloseIdleConnections()
+	flaky := &kafkaadapter.Cluster{Brokers: cluster.Brokers}
+	kafkaadapter.SetDial(flaky, fd.dial)
 	cfg := testConfig(group, topic)
-	cfg.Transport = tr
+	cfg.Cluster = flaky
 	cfg.FetchMaxBytes = 16 << 10 // many small fetches
 	cfg.OnCommit = l.onCommit
 	m := startMember(t, cfg, consumer.Route{Workers: 8, Handler: func(ctx context.Context, m *consumer.Message) error {

@@ -203,7 +203,7 @@ func total(end map[int]int64) (n int64) {
 // rebalances are quick; it works on kfake and a real broker.
 func testConfig(group string, topics ...string) kafkaadapter.Config {
 	return kafkaadapter.Config{
-		Brokers: cluster.Brokers, GroupID: group, Topics: topics,
+		Cluster: cluster.Kafka(), GroupID: group, Topics: topics,
 		Window:         kafkaadapter.Window{Messages: 256, Bytes: 1 << 20},
 		SessionTimeout: 6 * time.Second, HeartbeatInterval: 250 * time.Millisecond,
 		RebalanceTimeout: 10 * time.Second, CommitInterval: 100 * time.Millisecond,

@@ -34,7 +34,7 @@ func msgIndex(m *consumer.Message) int {
 // once the broker confirmed them.
 func recordingSink(t testing.TB, topic string, l *ledger) (dlq.Sink, *atomic.Int64) {
 	t.Helper()
-	sink, err := kafkaadapter.NewDeadLetterSink(cluster.Brokers, topic)
+	sink, err := kafkaadapter.NewDeadLetterSink(cluster.Kafka(), topic)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -48,7 +48,7 @@ func warmUp(c *kafkatest.Cluster) error {
 		return err
 	}
 	src, err := kafkaadapter.NewSource(kafkaadapter.Config{
-		Brokers: c.Brokers, GroupID: kafkatest.UniqueName("warmup"), Topics: []string{topic},
+		Cluster: c.Kafka(), GroupID: kafkatest.UniqueName("warmup"), Topics: []string{topic},
 		Window: kafkaadapter.Window{Messages: 10, Bytes: 1 << 20}, SessionTimeout: 6 * time.Second,
 	})
 	if err != nil {

@@ -11,7 +11,6 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/sluice-go/sluice/consumer"
-	"github.com/sluice-go/sluice/dlq"
 )
 
 // ReaderOptions configure NewReaderSource. Window is required; the other
@@ -74,7 +73,7 @@ func NewReaderSource(r *kafka.Reader, opts ReaderOptions) (*Source, error) {
 		topics = []string{rc.Topic}
 	}
 	cfg := Config{
-		Brokers: rc.Brokers, GroupID: rc.GroupID, Topics: topics, Window: opts.Window,
+		Cluster: &Cluster{Brokers: rc.Brokers}, GroupID: rc.GroupID, Topics: topics, Window: opts.Window,
 		PrefetchMessages: opts.PrefetchMessages, PrefetchBytes: opts.PrefetchBytes, PollWait: opts.PollWait,
 		CommitInterval: opts.CommitInterval, CommitEvery: opts.CommitEvery,
 		LocalRetryMaxDelay: opts.LocalRetryMaxDelay, Clock: opts.Clock, OnCommit: opts.OnCommit,
@@ -82,7 +81,7 @@ func NewReaderSource(r *kafka.Reader, opts ReaderOptions) (*Source, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	s := &Source{cfg: cfg, clock: cfg.Clock, done: make(chan struct{}), transport: &kafka.Transport{}, ownTrans: true}
+	s := &Source{cfg: cfg, clock: cfg.Clock, done: make(chan struct{})}
 	if s.clock == nil {
 		s.clock = sysClock{}
 	}
@@ -147,19 +146,7 @@ func (s *Source) pump() {
 		backoff = 20 * time.Millisecond
 		s.stats.fetched.Add(1)
 		p := s.readerPartition(m.Topic, m.Partition, m.Offset)
-		r := &record{
-			part: p, offset: m.Offset, key: m.Key, value: m.Value, time: m.Time, attempt: 1,
-			origin: dlq.Origin{Topic: m.Topic, Partition: int32(m.Partition), Offset: m.Offset, Group: s.cfg.GroupID},
-		}
-		size := int64(len(m.Key) + len(m.Value))
-		if len(m.Headers) > 0 {
-			r.headers = make(consumer.Headers, len(m.Headers))
-			for _, h := range m.Headers {
-				r.headers[h.Key] = append(r.headers[h.Key], string(h.Value))
-				size += int64(len(h.Key) + len(h.Value))
-			}
-		}
-		r.size = max(size, 1)
+		r := newRecord(p, m.Offset, m.Key, m.Value, m.Headers, m.Time)
 		s.buf.fill(1, []*record{r})
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"slices"
 	"strconv"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/protocol"
 
 	"github.com/sluice-go/sluice/consumer"
 	"github.com/sluice-go/sluice/dlq"
@@ -26,7 +28,8 @@ var ErrTopicMissing = errors.New("kafkaadapter: topic not found")
 
 // LetterSourceConfig configures a LetterSource.
 type LetterSourceConfig struct {
-	Brokers []string
+	// Cluster holds the topic (required).
+	Cluster *Cluster
 	// Topic is the dead-letter topic (or any backlog topic with Backlog).
 	Topic string
 	// Group is the replay's consumer group: a pass starts at its committed
@@ -40,9 +43,6 @@ type LetterSourceConfig struct {
 	// have more; a partition that stays silent that long (its tail is
 	// transaction markers, say) is taken as read. 0 means 2 s.
 	ReadTimeout time.Duration
-	// Transport carries the requests; nil means one of the source's own,
-	// closed by Close.
-	Transport *kafka.Transport
 }
 
 // LetterSource is a dlq.Source over a Kafka topic, read partition by
@@ -60,10 +60,9 @@ type LetterSourceConfig struct {
 // Close; a crash in between republishes at most the letters settled since
 // the last commit (Kafka has no per-message deduplication).
 type LetterSource struct {
-	cfg       LetterSourceConfig
-	client    *kafka.Client
-	transport *kafka.Transport
-	owned     bool
+	cfg     LetterSourceConfig
+	client  *kafka.Client
+	cluster *Cluster
 
 	mu    sync.Mutex
 	parts []*replayPart
@@ -72,12 +71,12 @@ type LetterSource struct {
 
 type replayPart struct {
 	id        int
-	r         *kafka.Reader
 	next, end int64 // next offset to read; end offset of the pass
 	committed int64 // last committed
 	handed    []int64
 	settled   map[int64]bool
 	exhausted bool
+	got       []kafka.Message // fetched, not handed out yet
 }
 
 var (
@@ -87,8 +86,11 @@ var (
 
 // NewLetterSource opens a pass over the topic. Close commits and closes it.
 func NewLetterSource(ctx context.Context, cfg LetterSourceConfig) (*LetterSource, error) {
-	if len(cfg.Brokers) == 0 || cfg.Topic == "" {
-		return nil, fmt.Errorf("%w: letter source needs Brokers and a Topic", consumer.ErrInvalidOption)
+	if err := cfg.Cluster.validate("letter source"); err != nil {
+		return nil, err
+	}
+	if cfg.Topic == "" {
+		return nil, fmt.Errorf("%w: letter source needs a Topic", consumer.ErrInvalidOption)
 	}
 	if cfg.Group == "" {
 		cfg.Group = DefaultReplayGroup
@@ -96,13 +98,10 @@ func NewLetterSource(ctx context.Context, cfg LetterSourceConfig) (*LetterSource
 	if cfg.ReadTimeout <= 0 {
 		cfg.ReadTimeout = 2 * time.Second
 	}
-	s := &LetterSource{cfg: cfg, transport: cfg.Transport}
-	if s.transport == nil {
-		s.transport, s.owned = &kafka.Transport{}, true
-	}
-	s.client = &kafka.Client{Addr: kafka.TCP(cfg.Brokers...), Transport: s.transport, Timeout: 10 * time.Second}
+	s := &LetterSource{cfg: cfg, cluster: cfg.Cluster}
+	s.client = s.cluster.client(s.cluster.acquire(cfg.Topic))
 	if err := s.open(ctx); err != nil {
-		s.closeTransport()
+		s.cluster.release()
 		return nil, err
 	}
 	return s, nil
@@ -171,12 +170,7 @@ func (s *LetterSource) open(ctx context.Context) error {
 		}
 		p := &replayPart{id: id, next: start, end: last[id], committed: start, settled: map[int64]bool{}}
 		s.parts = append(s.parts, p)
-		if start >= p.end {
-			p.exhausted = true
-		} else if err := s.startReader(p); err != nil {
-			s.closeReaders()
-			return err
-		}
+		p.exhausted = start >= p.end
 	}
 	return nil
 }
@@ -230,11 +224,6 @@ func (s *LetterSource) Fetch(ctx context.Context, n int) ([]*dlq.Pending, error)
 }
 
 func (s *LetterSource) readPart(ctx context.Context, p *replayPart, n int) ([]*dlq.Pending, error) {
-	if p.r == nil {
-		if err := s.startReader(p); err != nil {
-			return nil, err
-		}
-	}
 	var out []*dlq.Pending
 	for len(out) < n {
 		s.mu.Lock()
@@ -243,21 +232,24 @@ func (s *LetterSource) readPart(ctx context.Context, p *replayPart, n int) ([]*d
 		if done {
 			break
 		}
-		rctx, cancel := context.WithTimeout(ctx, s.cfg.ReadTimeout)
-		m, err := p.r.FetchMessage(rctx)
-		cancel()
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil, ctx.Err()
+		if len(p.got) == 0 {
+			got, err := fetchRecords(ctx, s.client, s.cfg.Topic, p.id, p.next, 1<<20, s.cfg.ReadTimeout)
+			if err != nil {
+				if ctx.Err() != nil {
+					return nil, ctx.Err()
+				}
+				return nil, fmt.Errorf("kafkaadapter: read %s/%d: %w", s.cfg.Topic, p.id, err)
 			}
-			if errors.Is(err, context.DeadlineExceeded) {
+			if len(got) == 0 {
 				break // nothing more readable below the end offset
 			}
-			return nil, fmt.Errorf("kafkaadapter: read %s/%d: %w", s.cfg.Topic, p.id, err)
+			p.got = got
 		}
+		m := p.got[0]
+		p.got = p.got[1:]
 		s.mu.Lock()
 		if m.Offset >= p.end {
-			p.next = p.end
+			p.next, p.got = p.end, nil
 			s.mu.Unlock()
 			break
 		}
@@ -271,29 +263,56 @@ func (s *LetterSource) readPart(ctx context.Context, p *replayPart, n int) ([]*d
 		p.exhausted = true
 	}
 	s.mu.Unlock()
-	// An exhausted partition's reader is closed in Close, not here: closing
-	// waits out its long-poll fetch, a stall in the middle of the pace.
 	return out, nil
 }
 
-// startReader starts p's reader at p.next; it prefetches in the
-// background, so a partition is ready when the pass turns to it.
-func (s *LetterSource) startReader(p *replayPart) error {
-	p.r = kafka.NewReader(kafka.ReaderConfig{Brokers: s.cfg.Brokers, Topic: s.cfg.Topic, Partition: p.id,
-		MinBytes: 1, MaxBytes: 1 << 20, MaxWait: 250 * time.Millisecond,
-		Dialer: &kafka.Dialer{Timeout: 10 * time.Second}})
-	if err := p.r.SetOffset(p.next); err != nil {
-		_ = p.r.Close()
-		p.r = nil
-		return fmt.Errorf("kafkaadapter: %s/%d: %w", s.cfg.Topic, p.id, err)
+// fetchRecords reads the records of topic/partition from offset on, one
+// fetch of up to maxBytes (at least one record), waiting up to maxWait for
+// the first. It returns no records when there were none in time.
+func fetchRecords(ctx context.Context, c *kafka.Client, topic string, partition int, offset int64, maxBytes int, maxWait time.Duration) ([]kafka.Message, error) {
+	fctx, cancel := context.WithTimeout(ctx, maxWait+15*time.Second)
+	defer cancel()
+	res, err := c.Fetch(fctx, &kafka.FetchRequest{Topic: topic, Partition: partition, Offset: offset,
+		MinBytes: 1, MaxBytes: int64(maxBytes), MaxWait: maxWait})
+	if err != nil {
+		return nil, err
 	}
-	return nil
+	if res.Error != nil {
+		return nil, res.Error
+	}
+	var out []kafka.Message
+	for {
+		kr, err := res.Records.ReadRecord()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				return out, nil
+			}
+			return out, err
+		}
+		if kr.Offset < offset {
+			continue // a batch starting before the offset asked for
+		}
+		key, err := protocol.ReadAll(kr.Key)
+		if err != nil {
+			return out, err
+		}
+		value, err := protocol.ReadAll(kr.Value)
+		if err != nil {
+			return out, err
+		}
+		out = append(out, kafka.Message{Topic: topic, Partition: partition, Offset: kr.Offset,
+			Key: key, Value: value, Headers: kr.Headers, Time: kr.Time})
+	}
 }
 
 func (s *LetterSource) pending(p *replayPart, m kafka.Message) *dlq.Pending {
-	h := map[string][]string{}
-	for _, kh := range m.Headers {
-		h[kh.Key] = append(h[kh.Key], string(kh.Value))
+	h, _ := headerMap(m.Headers, nil, isEnvelope)
+	if h == nil {
+		h = map[string][]string{}
+	}
+	parts := first(h, HeaderOriginPartitions)
+	if s.cfg.Backlog {
+		parts = strconv.Itoa(len(s.parts))
 	}
 	pd := &dlq.Pending{Pos: fmt.Sprintf("%s/%d@%d", m.Topic, m.Partition, m.Offset)}
 	if s.cfg.Backlog {
@@ -308,6 +327,9 @@ func (s *LetterSource) pending(p *replayPart, m kafka.Message) *dlq.Pending {
 		if pd.Err != nil {
 			pd.Letter, pd.Err = nil, fmt.Errorf("%s: %w", pd.Pos, pd.Err)
 		}
+	}
+	if pd.Letter != nil && parts != "" {
+		pd.Letter.Headers[metaOriginPartitions] = []string{parts}
 	}
 	off := m.Offset
 	settle := func() {
@@ -371,101 +393,120 @@ func (s *LetterSource) Commit(ctx context.Context) error {
 	return nil
 }
 
-// Close commits what was settled and closes the readers.
+// Close commits what was settled and releases the connections.
 func (s *LetterSource) Close(ctx context.Context) error {
 	err := s.Commit(ctx)
-	s.closeReaders()
-	s.closeTransport()
+	s.cluster.release()
 	return err
 }
 
-func (s *LetterSource) closeReaders() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, p := range s.parts {
-		if p.r != nil {
-			_ = p.r.Close()
-			p.r = nil
-		}
-	}
-}
-
-func (s *LetterSource) closeTransport() {
-	if s.owned {
-		s.transport.CloseIdleConnections()
-	}
-}
-
 // GetLetter reads the letter at partition/offset ("0/17") of topic.
-func GetLetter(ctx context.Context, brokers []string, topic, id string) (*dlq.Letter, error) {
+func GetLetter(ctx context.Context, c *Cluster, topic, id string) (*dlq.Letter, error) {
+	if err := c.validate("get letter"); err != nil {
+		return nil, err
+	}
 	ps, os, ok := strings.Cut(id, "/")
 	part, err1 := strconv.Atoi(ps)
 	off, err2 := strconv.ParseInt(os, 10, 64)
 	if !ok || err1 != nil || err2 != nil || part < 0 || off < 0 {
 		return nil, fmt.Errorf("%w: letter id %q: want partition/offset, e.g. 0/17", consumer.ErrInvalidOption, id)
 	}
-	r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: topic, Partition: part, MinBytes: 1, MaxBytes: 1 << 20,
-		MaxWait: 250 * time.Millisecond})
-	defer r.Close()
-	if err := r.SetOffset(off); err != nil {
-		return nil, err
-	}
-	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	m, err := r.FetchMessage(rctx)
+	client := c.client(c.acquire(topic))
+	defer c.release()
+	got, err := fetchRecords(ctx, client, topic, part, off, 1<<20, 2*time.Second)
 	if err != nil {
 		return nil, fmt.Errorf("kafkaadapter: read %s/%d@%d: %w", topic, part, off, err)
 	}
-	if m.Offset != off {
-		return nil, fmt.Errorf("kafkaadapter: no record at %s/%d@%d (next is %d)", topic, part, off, m.Offset)
+	if len(got) == 0 || got[0].Offset != off {
+		next := "nothing"
+		if len(got) > 0 {
+			next = strconv.FormatInt(got[0].Offset, 10)
+		}
+		return nil, fmt.Errorf("kafkaadapter: no record at %s/%d@%d (next is %s)", topic, part, off, next)
 	}
-	h := map[string][]string{}
-	for _, kh := range m.Headers {
-		h[kh.Key] = append(h[kh.Key], string(kh.Value))
-	}
-	return dlq.Decode(m.Key, m.Value, h)
+	h, _ := headerMap(got[0].Headers, nil, isEnvelope)
+	return dlq.Decode(got[0].Key, got[0].Value, h)
 }
 
-// ReplayTarget is a dlq.Target writing to Kafka: each message goes to its
-// Outgoing.Topic, partitioned by key, and Publish returns after all in-sync
-// replicas have it.
+// ReplayTarget is a dlq.Target writing to Kafka. A message goes back to its
+// letter's original partition when it is replayed to its origin topic and
+// that topic still has the partition count it had when the letter was
+// written (HeaderOriginPartitions); otherwise, or with Rehash, it is
+// partitioned by key with murmur2, like a Java producer. Headers keep their
+// original order and duplicates. Publish returns after all in-sync
+// replicas have the message.
 type ReplayTarget struct {
-	w         *kafka.Writer
-	transport *kafka.Transport
+	w       *kafka.Writer
+	cluster *Cluster
+	rehash  bool
 }
 
 var _ dlq.BatchTarget = (*ReplayTarget)(nil)
 
-// NewReplayTarget returns a target on brokers with a transport of its own.
-func NewReplayTarget(brokers []string) (*ReplayTarget, error) {
-	if len(brokers) == 0 {
-		return nil, fmt.Errorf("%w: replay target needs brokers", consumer.ErrInvalidOption)
+// ReplayTargetOptions configure NewReplayTarget.
+type ReplayTargetOptions struct {
+	// Rehash partitions every message by its key (murmur2) instead of
+	// sending it back to its original partition.
+	Rehash bool
+}
+
+// NewReplayTarget returns a target on c's shared transport.
+func NewReplayTarget(c *Cluster, opts ReplayTargetOptions) (*ReplayTarget, error) {
+	if err := c.validate("replay target"); err != nil {
+		return nil, err
 	}
-	t := &kafka.Transport{}
-	w := newWriter(brokers, "", t)
+	w := newWriter(c, c.acquire(), "")
+	w.Balancer = originBalancer{}
 	w.AllowAutoTopicCreation = false
-	return &ReplayTarget{w: w, transport: t}, nil
+	return &ReplayTarget{w: w, cluster: c, rehash: opts.Rehash}, nil
+}
+
+// partitionHint asks originBalancer for partition p of a topic that has
+// count partitions.
+type partitionHint struct{ p, count int }
+
+// originBalancer sends a message carrying a partitionHint to that
+// partition while the topic has the hinted partition count, and
+// partitions everything else with murmur2.
+type originBalancer struct{ murmur kafka.Murmur2Balancer }
+
+func (b originBalancer) Balance(msg kafka.Message, partitions ...int) int {
+	if h, ok := msg.WriterData.(partitionHint); ok && h.count == len(partitions) && slices.Contains(partitions, h.p) {
+		return h.p
+	}
+	return b.murmur.Balance(msg, partitions...)
+}
+
+func (t *ReplayTarget) message(m *dlq.Outgoing) kafka.Message {
+	msg := kafka.Message{Topic: m.Topic, Key: m.Key, Value: m.Value, Headers: wireHeaders(m.Headers, kafkaMetaPrefix, nil)}
+	if l := m.Letter; !t.rehash && l != nil && l.Origin.Topic == m.Topic && l.Origin.Partition >= 0 {
+		if n, err := strconv.Atoi(first(l.Headers, metaOriginPartitions)); err == nil && n > 0 {
+			msg.WriterData = partitionHint{p: int(l.Origin.Partition), count: n}
+		}
+	}
+	return msg
 }
 
 // Publish writes m and waits for the acknowledgement.
 func (t *ReplayTarget) Publish(ctx context.Context, m *dlq.Outgoing) error {
-	msg := kafka.Message{Topic: m.Topic, Key: m.Key, Value: m.Value, Headers: kafkaHeaders(m.Headers, "")}
-	if err := t.w.WriteMessages(ctx, msg); err != nil {
-		if errors.Is(err, kafka.UnknownTopicOrPartition) {
-			return fmt.Errorf("kafkaadapter: replay to %q: no such topic: %w", m.Topic, err)
-		}
-		return fmt.Errorf("kafkaadapter: replay to %q: %w", m.Topic, err)
+	if errs := t.PublishBatch(ctx, []*dlq.Outgoing{m}); errs != nil {
+		return errs[0]
 	}
 	return nil
 }
 
-// PublishBatch writes ms in one call (partitioned by key) and returns nil
-// when all replicas have them all, else one error per message.
+// PublishBatch writes ms in one call and returns nil when all replicas
+// have them all, else one error per message.
 func (t *ReplayTarget) PublishBatch(ctx context.Context, ms []*dlq.Outgoing) []error {
 	msgs := make([]kafka.Message, len(ms))
+	topics := make([]string, 0, 1)
 	for i, m := range ms {
-		msgs[i] = kafka.Message{Topic: m.Topic, Key: m.Key, Value: m.Value, Headers: kafkaHeaders(m.Headers, "")}
+		msgs[i] = t.message(m)
+		if !slices.Contains(topics, m.Topic) {
+			topics = append(topics, m.Topic)
+		}
 	}
+	t.cluster.use(topics...)
 	err := t.w.WriteMessages(ctx, msgs...)
 	if err == nil {
 		return nil
@@ -489,9 +530,21 @@ func (t *ReplayTarget) PublishBatch(ctx context.Context, ms []*dlq.Outgoing) []e
 	return errs
 }
 
-// Close closes the writer and its connections.
+// Close closes the writer; the last user of the Cluster closes its
+// connections.
 func (t *ReplayTarget) Close() error {
 	err := t.w.Close()
-	t.transport.CloseIdleConnections()
+	t.cluster.release()
 	return err
+}
+
+// isEnvelope reports whether k is a dead letter's envelope header.
+func isEnvelope(k string) bool { return strings.HasPrefix(k, dlq.HeaderPrefix) }
+
+// first returns the first value of k in h, or "".
+func first(h map[string][]string, k string) string {
+	if v := h[k]; len(v) > 0 {
+		return v[0]
+	}
+	return ""
 }

@@ -90,7 +90,7 @@ func newLetterSource(t *testing.T, topic, group string) *kafkaadapter.LetterSour
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	src, err := kafkaadapter.NewLetterSource(ctx, kafkaadapter.LetterSourceConfig{Brokers: cluster.Brokers, Topic: topic, Group: group})
+	src, err := kafkaadapter.NewLetterSource(ctx, kafkaadapter.LetterSourceConfig{Cluster: cluster.Kafka(), Topic: topic, Group: group})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +108,7 @@ func closeSource(t *testing.T, src *kafkaadapter.LetterSource) {
 
 func newTarget(t *testing.T) *kafkaadapter.ReplayTarget {
 	t.Helper()
-	tg, err := kafkaadapter.NewReplayTarget(cluster.Brokers)
+	tg, err := kafkaadapter.NewReplayTarget(cluster.Kafka(), kafkaadapter.ReplayTargetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -263,7 +263,7 @@ func TestKafkaReplayParksAndPassesOver(t *testing.T) {
 		return dlq.ClassPermanent
 	})
 	// One more letter, replayed 3 times already, written by the real sink.
-	sink, err := kafkaadapter.NewDeadLetterSink(cluster.Brokers, dlqTopic)
+	sink, err := kafkaadapter.NewDeadLetterSink(cluster.Kafka(), dlqTopic)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -275,7 +275,7 @@ func TestKafkaReplayParksAndPassesOver(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	park, err := kafkaadapter.NewDeadLetterSink(cluster.Brokers, parkTopic)
+	park, err := kafkaadapter.NewDeadLetterSink(cluster.Kafka(), parkTopic)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -336,18 +336,18 @@ func watchStalls(t *testing.T) func() time.Duration {
 func ExampleNewLetterSource() {
 	ctx := context.Background()
 	dlqTopic, origin := kafkaExampleTopics(ctx)
-	sink, _ := kafkaadapter.NewDeadLetterSink(cluster.Brokers, dlqTopic) // what the consumer writes to
+	sink, _ := kafkaadapter.NewDeadLetterSink(cluster.Kafka(), dlqTopic) // what the consumer writes to
 	for i := range 4 {
 		_ = sink.Write(ctx, &dlq.Letter{Key: []byte{byte('a' + i)}, Value: []byte(strconv.Itoa(i)), Class: dlq.ClassExhausted,
 			Err: "timeout", Origin: dlq.Origin{Topic: origin, Partition: 0, Offset: int64(i)}})
 	}
 	_ = sink.Close()
 
-	src, err := kafkaadapter.NewLetterSource(ctx, kafkaadapter.LetterSourceConfig{Brokers: cluster.Brokers, Topic: dlqTopic})
+	src, err := kafkaadapter.NewLetterSource(ctx, kafkaadapter.LetterSourceConfig{Cluster: cluster.Kafka(), Topic: dlqTopic})
 	if err != nil {
 		panic(err)
 	}
-	target, _ := kafkaadapter.NewReplayTarget(cluster.Brokers)
+	target, _ := kafkaadapter.NewReplayTarget(cluster.Kafka(), kafkaadapter.ReplayTargetOptions{})
 	defer target.Close()
 	r, _ := dlq.NewReplayer(dlq.ReplayOptions{Rate: 200, Filter: dlq.Filter{Classes: []string{dlq.ClassExhausted}}})
 	rep, err := r.Run(ctx, src, target)

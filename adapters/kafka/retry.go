@@ -3,7 +3,6 @@ package kafkaadapter
 import (
 	"context"
 	"fmt"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -24,38 +23,23 @@ const (
 	HeaderOriginPublishedAt = "Sluice-Retry-Published-At"
 )
 
-// newWriter returns a synchronous writer that waits for all in-sync
-// replicas, on transport.
-func newWriter(brokers []string, topic string, transport *kafka.Transport) *kafka.Writer {
+// newWriter returns a synchronous writer on the cluster's transport that
+// waits for all in-sync replicas and partitions by key with murmur2, the
+// default of the Java client (and librdkafka's murmur2_random): a key lands
+// where a Java producer would put it. topic "" means each message names its
+// own.
+func newWriter(c *Cluster, rt kafka.RoundTripper, topic string) *kafka.Writer {
 	return &kafka.Writer{
-		Addr:         kafka.TCP(brokers...),
+		Addr:         c.addr(),
 		Topic:        topic,
-		Balancer:     &kafka.Hash{},
+		Balancer:     &kafka.Murmur2Balancer{},
 		RequiredAcks: kafka.RequireAll,
 		BatchTimeout: time.Millisecond,
 		BatchSize:    100,
 		MaxAttempts:  3,
 		WriteTimeout: 10 * time.Second,
-		Transport:    transport,
+		Transport:    rt,
 	}
-}
-
-func kafkaHeaders(h map[string][]string, skipPrefix string) []kafka.Header {
-	keys := make([]string, 0, len(h))
-	for k := range h {
-		if skipPrefix != "" && strings.HasPrefix(k, skipPrefix) {
-			continue
-		}
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	var out []kafka.Header
-	for _, k := range keys {
-		for _, v := range h[k] {
-			out = append(out, kafka.Header{Key: k, Value: []byte(v)})
-		}
-	}
-	return out
 }
 
 // writeRetry writes r to the retry topic to be handed out again at
@@ -65,7 +49,7 @@ func (s *Source) writeRetry(ctx context.Context, r *record, now, notBefore time.
 	if first.IsZero() {
 		first = now
 	}
-	hs := kafkaHeaders(r.headers, RetryHeaderPrefix)
+	hs := wireHeaders(r.headers, RetryHeaderPrefix, nil)
 	add := func(k, v string) { hs = append(hs, kafka.Header{Key: k, Value: []byte(v)}) }
 	add(HeaderNotBefore, notBefore.UTC().Format(time.RFC3339Nano))
 	add(HeaderAttempt, strconv.Itoa(r.attempt+1))
@@ -81,6 +65,8 @@ func (s *Source) writeRetry(ctx context.Context, r *record, now, notBefore time.
 	}
 	return nil
 }
+
+func isRetryHeader(k string) bool { return strings.HasPrefix(k, RetryHeaderPrefix) }
 
 // parseRetry reads the retry headers of a retry-topic record into r and
 // removes them from the headers the handler sees. A record without them

@@ -27,14 +27,13 @@ import (
 // route's fetch loop; Ack, Nak and Term may come from any goroutine. Close it
 // after the consumer's Run has returned.
 type Source struct {
-	cfg       Config
-	cg        *kafka.ConsumerGroup
-	client    *kafka.Client
-	transport *kafka.Transport
-	ownTrans  bool
-	retryW    *kafka.Writer
-	buf       *buffer
-	clock     consumer.Clock
+	cfg     Config
+	cg      *kafka.ConsumerGroup
+	client  *kafka.Client
+	cluster *Cluster // nil for a ReaderSource
+	retryW  *kafka.Writer
+	buf     *buffer
+	clock   consumer.Clock
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -136,7 +135,7 @@ func NewSource(cfg Config) (*Source, error) {
 		topics = append(topics, cfg.RetryTopic)
 	}
 	cg, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{
-		ID: cfg.GroupID, Brokers: cfg.Brokers, Dialer: cfg.Dialer, Topics: topics,
+		ID: cfg.GroupID, Brokers: cfg.Cluster.Brokers, Dialer: cfg.Cluster.dialer(), Topics: topics,
 		SessionTimeout: cfg.SessionTimeout, HeartbeatInterval: cfg.HeartbeatInterval,
 		RebalanceTimeout: cfg.RebalanceTimeout, JoinGroupBackoff: 500 * time.Millisecond,
 		StartOffset: cfg.StartOffset, Logger: cfg.Logger, ErrorLogger: cfg.ErrorLogger,
@@ -148,14 +147,12 @@ func NewSource(cfg Config) (*Source, error) {
 	if s.clock == nil {
 		s.clock = sysClock{}
 	}
-	s.transport = cfg.Transport
-	if s.transport == nil {
-		s.transport, s.ownTrans = &kafka.Transport{}, true
-	}
-	s.client = &kafka.Client{Addr: kafka.TCP(cfg.Brokers...), Transport: s.transport}
+	s.cluster = cfg.Cluster
+	rt := s.cluster.acquire(topics...)
+	s.client = s.cluster.client(rt)
 	s.buf = newBuffer(cfg.PrefetchMessages, cfg.PrefetchBytes)
 	if cfg.RetryTopic != "" {
-		s.retryW = newWriter(cfg.Brokers, cfg.RetryTopic, s.transport)
+		s.retryW = newWriter(s.cluster, rt, cfg.RetryTopic)
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	go s.run()
@@ -183,8 +180,8 @@ func (s *Source) Close() error {
 	if s.retryW != nil {
 		err = errors.Join(err, s.retryW.Close())
 	}
-	if s.ownTrans {
-		s.transport.CloseIdleConnections()
+	if s.cluster != nil {
+		s.cluster.release()
 	}
 	return err
 }
@@ -476,23 +473,26 @@ func (s *Source) convert(p *partition, kr *kafka.Record, now time.Time) (*record
 	if err != nil {
 		return nil, err
 	}
-	r := &record{
-		part: p, offset: kr.Offset, key: key, value: value, time: kr.Time, attempt: 1,
-		origin: dlq.Origin{Topic: p.topic, Partition: int32(p.id), Offset: kr.Offset, Group: s.cfg.GroupID},
-	}
-	size := int64(len(key) + len(value))
-	if len(kr.Headers) > 0 {
-		r.headers = make(consumer.Headers, len(kr.Headers))
-		for _, h := range kr.Headers {
-			r.headers[h.Key] = append(r.headers[h.Key], string(h.Value))
-			size += int64(len(h.Key) + len(h.Value))
-		}
-	}
-	r.size = max(size, 1)
+	r := newRecord(p, kr.Offset, key, value, kr.Headers, kr.Time)
 	if p.retry {
 		parseRetry(r, now)
 	}
 	return r, nil
+}
+
+// newRecord is the one conversion of a Kafka record into what the Source
+// hands out, for both Sources.
+func newRecord(p *partition, offset int64, key, value []byte, hs []kafka.Header, t time.Time) *record {
+	var unordered func(string) bool
+	if p.retry {
+		unordered = isRetryHeader // parseRetry removes them
+	}
+	h, size := headerMap(hs, nil, unordered)
+	return &record{
+		part: p, offset: offset, key: key, value: value, headers: h, time: t, attempt: 1,
+		size:   max(size+int64(len(key)+len(value)), 1),
+		origin: dlq.Origin{Topic: p.topic, Partition: int32(p.id), Offset: offset, Group: p.gen.src.cfg.GroupID},
+	}
 }
 
 // Fetch hands out up to maxMessages buffered messages totalling at most

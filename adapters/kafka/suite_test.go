@@ -46,7 +46,7 @@ func (tp *kafkaTopic) Publish(t *testing.T, msgs []adaptertest.Msg) {
 func (tp *kafkaTopic) Source(t *testing.T, group string, window int, windowBytes int64) consumer.Source {
 	t.Helper()
 	src, err := kafkaadapter.NewSource(kafkaadapter.Config{
-		Brokers: cluster.Brokers, GroupID: tp.topic + "-" + group, Topics: []string{tp.topic},
+		Cluster: cluster.Kafka(), GroupID: tp.topic + "-" + group, Topics: []string{tp.topic},
 		Window: kafkaadapter.Window{Messages: window, Bytes: windowBytes}, SessionTimeout: 6 * time.Second,
 	})
 	if err != nil {

@@ -16,7 +16,7 @@ import (
 // kafkaBackend is a dead-letter topic seen through a replay group: the
 // letters "in the queue" are those after the group's committed offsets.
 type kafkaBackend struct {
-	brokers []string
+	cluster *kafkaadapter.Cluster
 	topic   string
 	group   string
 	tgt     *kafkaadapter.ReplayTarget
@@ -37,7 +37,7 @@ func connectKafka(ctx context.Context, f *connFlags) (backend, error) {
 	if group == "" {
 		group = kafkaadapter.DefaultReplayGroup
 	}
-	b := &kafkaBackend{brokers: brokers, topic: f.topic, group: group}
+	b := &kafkaBackend{cluster: &kafkaadapter.Cluster{Brokers: brokers}, topic: f.topic, group: group}
 	// One metadata round trip: a bad address or a missing topic fails here,
 	// clearly, rather than in the middle of a command.
 	tr := &kafka.Transport{}
@@ -62,7 +62,7 @@ func (b *kafkaBackend) describe() string {
 }
 
 func (b *kafkaBackend) open(ctx context.Context) (dlq.Source, func(), error) {
-	src, err := kafkaadapter.NewLetterSource(ctx, kafkaadapter.LetterSourceConfig{Brokers: b.brokers, Topic: b.topic, Group: b.group})
+	src, err := kafkaadapter.NewLetterSource(ctx, kafkaadapter.LetterSourceConfig{Cluster: b.cluster, Topic: b.topic, Group: b.group})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -76,7 +76,7 @@ func (b *kafkaBackend) open(ctx context.Context) (dlq.Source, func(), error) {
 func (b *kafkaBackend) get(ctx context.Context, id string) (*dlq.Letter, string, error) {
 	id = strings.TrimPrefix(id, b.topic+"/")
 	id = strings.Replace(id, "@", "/", 1)
-	l, err := kafkaadapter.GetLetter(ctx, b.brokers, b.topic, id)
+	l, err := kafkaadapter.GetLetter(ctx, b.cluster, b.topic, id)
 	if errors.Is(err, dlq.ErrInvalidOption) {
 		return nil, "", usageError{err}
 	}
@@ -88,13 +88,13 @@ func (b *kafkaBackend) get(ctx context.Context, id string) (*dlq.Letter, string,
 
 func (b *kafkaBackend) target() dlq.Target {
 	if b.tgt == nil {
-		b.tgt, _ = kafkaadapter.NewReplayTarget(b.brokers) // brokers are non-empty here
+		b.tgt, _ = kafkaadapter.NewReplayTarget(b.cluster, kafkaadapter.ReplayTargetOptions{}) // brokers are non-empty here
 	}
 	return b.tgt
 }
 
 func (b *kafkaBackend) park(ctx context.Context, name string) (dlq.Sink, error) {
-	s, err := kafkaadapter.NewDeadLetterSink(b.brokers, name)
+	s, err := kafkaadapter.NewDeadLetterSink(b.cluster, name)
 	if err != nil {
 		return nil, err
 	}

@@ -38,7 +38,7 @@ func kafkaFixture(t *testing.T) (string, kafkaTopics) {
 			t.Fatal(err)
 		}
 	}
-	sink, err := kafkaadapter.NewDeadLetterSink(c.Brokers, k.dlq)
+	sink, err := kafkaadapter.NewDeadLetterSink(c.Kafka(), k.dlq)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -49,7 +49,7 @@ func run(out io.Writer) error {
 			return err
 		}
 	}
-	sink, err := kafkaadapter.NewDeadLetterSink(cl.Brokers, dead)
+	sink, err := kafkaadapter.NewDeadLetterSink(cl.Kafka(), dead)
 	if err != nil {
 		return err
 	}
@@ -87,7 +87,7 @@ func run(out io.Writer) error {
 	reportsWin := kafkaadapter.Window{Messages: 8, Bytes: 256 << 10}
 	source := func(topic string, w kafkaadapter.Window) (*kafkaadapter.Source, error) {
 		return kafkaadapter.NewSource(kafkaadapter.Config{
-			Brokers: cl.Brokers, GroupID: kafkatest.UniqueName(topic), Topics: []string{topic}, Window: w,
+			Cluster: cl.Kafka(), GroupID: kafkatest.UniqueName(topic), Topics: []string{topic}, Window: w,
 			SessionTimeout: 6 * time.Second, HeartbeatInterval: 500 * time.Millisecond,
 			PollWait: 250 * time.Millisecond, RevokeGrace: time.Second,
 		})

@@ -160,7 +160,7 @@ func (q *kafkaQueue) flush(ctx context.Context) int {
 
 func (q *kafkaQueue) source(ctx context.Context, window int) (consumer.Source, error) {
 	src, err := kafkaadapter.NewSource(kafkaadapter.Config{
-		Brokers: q.b.brokers, GroupID: q.topic + "-sluice", Topics: []string{q.topic},
+		Cluster: &kafkaadapter.Cluster{Brokers: q.b.brokers}, GroupID: q.topic + "-sluice", Topics: []string{q.topic},
 		Window:       kafkaadapter.Window{Messages: window, Bytes: windowBytes(window, q.b.payload)},
 		FetchMaxWait: 20 * time.Millisecond, PollWait: 100 * time.Millisecond,
 		CommitInterval: 200 * time.Millisecond, SessionTimeout: 6 * time.Second, HeartbeatInterval: 500 * time.Millisecond,

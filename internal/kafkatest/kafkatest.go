@@ -9,11 +9,14 @@ import (
 	"net"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
+
+	kafkaadapter "github.com/sluice-go/sluice/adapters/kafka"
 )
 
 // EnvBrokers is the environment variable naming real brokers.
@@ -29,6 +32,18 @@ type Cluster struct {
 
 	transport *kafka.Transport
 	owned     bool
+	once      sync.Once
+	kafka     *kafkaadapter.Cluster
+}
+
+// Kafka returns the adapter's connection settings for the cluster: one
+// *kafkaadapter.Cluster per test cluster, so everything a test builds on it
+// shares one transport.
+func (c *Cluster) Kafka() *kafkaadapter.Cluster {
+	if c.kafka == nil {
+		c.kafka = &kafkaadapter.Cluster{Brokers: c.Brokers}
+	}
+	return c.kafka
 }
 
 // Real reports whether the cluster is a real broker from $KAFKA_BROKERS.
@@ -45,13 +60,14 @@ func (c *Cluster) Kind() string {
 // New returns the brokers from $KAFKA_BROKERS, or starts a kfake cluster
 // with one broker. The caller calls Close.
 func New() (*Cluster, error) {
-	c := &Cluster{transport: &kafka.Transport{}}
+	c := &Cluster{}
 	if env := strings.TrimSpace(os.Getenv(EnvBrokers)); env != "" {
 		for _, b := range strings.Split(env, ",") {
 			if b = strings.TrimSpace(b); b != "" {
 				c.Brokers = append(c.Brokers, b)
 			}
 		}
+		c.Kafka()
 		return c, nil
 	}
 	fake, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.Ports(0))
@@ -59,6 +75,7 @@ func New() (*Cluster, error) {
 		return nil, fmt.Errorf("kafkatest: start kfake: %w", err)
 	}
 	c.Fake, c.owned, c.Brokers = fake, true, fake.ListenAddrs()
+	c.Kafka()
 	return c, nil
 }
 
@@ -75,14 +92,21 @@ func Start(tb testing.TB) *Cluster {
 
 // Close stops a kfake cluster and closes idle connections.
 func (c *Cluster) Close() {
-	c.transport.CloseIdleConnections()
+	if c.transport != nil {
+		c.transport.CloseIdleConnections()
+	}
 	if c.owned {
 		c.Fake.Close()
 	}
 }
 
-// Client returns a kafka-go client on the cluster's own transport.
+// Client returns a kafka-go client on the cluster's own transport (with
+// the cluster's TLS and SASL settings, all topics' metadata).
 func (c *Cluster) Client() *kafka.Client {
+	c.once.Do(func() {
+		k := c.Kafka()
+		c.transport = &kafka.Transport{TLS: k.TLS, SASL: k.SASL}
+	})
 	return &kafka.Client{Addr: kafka.TCP(c.Brokers...), Transport: c.transport, Timeout: 10 * time.Second}
 }
 
@@ -152,7 +176,7 @@ func (c *Cluster) Writer(topic string) *kafka.Writer {
 		BatchSize:    1000,
 		BatchBytes:   4 << 20,
 		BatchTimeout: time.Millisecond,
-		Transport:    &kafka.Transport{},
+		Transport:    &kafka.Transport{TLS: c.Kafka().TLS, SASL: c.Kafka().SASL},
 	}
 }
 
