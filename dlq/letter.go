@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Version is written into every dead letter.
@@ -29,6 +30,16 @@ const (
 	HeaderRoute           = "Sluice-Dlq-Route"
 	HeaderVersion         = "Sluice-Dlq-Version"
 	HeaderReplays         = "Sluice-Dlq-Replays"
+	// HeaderParkReason says why a Replayer parked the letter instead of
+	// republishing it (loop guard, destination refused).
+	HeaderParkReason = "Sluice-Dlq-Park-Reason"
+	// HeaderTruncated says what was cut to make the letter fit its store
+	// (see Letter.Encode); a truncated letter is never replayed.
+	HeaderTruncated = "Sluice-Dlq-Truncated"
+	// HeaderPackedHeaders, when present, says the original headers did not
+	// fit the broker's header limit and take the first N bytes of the
+	// stored value instead (see Letter.Encode); Decode moves them back.
+	HeaderPackedHeaders = "Sluice-Dlq-Packed-Headers"
 )
 
 // Error classes written in HeaderClass.
@@ -68,6 +79,12 @@ type Letter struct {
 	LastFailure  time.Time
 	Origin       Origin
 	Replays      int
+	// ParkReason says why a replay parked the letter ("" unless parked).
+	ParkReason string
+	// Truncated says what was cut when the letter was stored because it
+	// did not fit ("" when nothing was). A Replayer refuses to republish a
+	// truncated letter: it is not the original message any more.
+	Truncated string
 	// Version is the sluice version that wrote the letter, as read by
 	// Decode. EnvelopeHeaders always writes the running Version.
 	Version string
@@ -100,10 +117,7 @@ func (l *Letter) EnvelopeHeaders() map[string][]string {
 		}
 		h[k] = append([]string(nil), v...)
 	}
-	e := l.Err
-	if len(e) > maxErrLen {
-		e = e[:maxErrLen]
-	}
+	e := cutString(l.Err, maxErrLen)
 	set := func(k, v string) {
 		if v != "" {
 			h[k] = []string{v}
@@ -131,6 +145,8 @@ func (l *Letter) EnvelopeHeaders() map[string][]string {
 	set(HeaderRoute, l.Route)
 	set(HeaderVersion, Version)
 	set(HeaderReplays, strconv.Itoa(max(l.Replays, replayCount(l.Headers))))
+	set(HeaderParkReason, cutString(l.ParkReason, maxErrLen))
+	set(HeaderTruncated, cutString(l.Truncated, maxErrLen))
 	return h
 }
 
@@ -148,11 +164,26 @@ func Decode(key, value []byte, headers map[string][]string) (*Letter, error) {
 		return nil, fmt.Errorf("%w: no %s header", ErrMalformed, HeaderClass)
 	}
 	l := &Letter{Key: key, Value: value, Headers: map[string][]string{},
-		Err: get(HeaderError), Class: get(HeaderClass), Route: get(HeaderRoute), Version: get(HeaderVersion)}
+		Err: get(HeaderError), Class: get(HeaderClass), Route: get(HeaderRoute), Version: get(HeaderVersion),
+		ParkReason: get(HeaderParkReason), Truncated: get(HeaderTruncated)}
 	for k, v := range headers {
 		if !strings.HasPrefix(k, HeaderPrefix) {
 			l.Headers[k] = v
 		}
+	}
+	if s := get(HeaderPackedHeaders); s != "" {
+		n, perr := strconv.Atoi(s)
+		if perr != nil || n < 0 || n > len(value) {
+			return nil, fmt.Errorf("%w: %s=%q with a value of %d bytes", ErrMalformed, HeaderPackedHeaders, s, len(value))
+		}
+		packed, perr := unpackHeaders(value[:n])
+		if perr != nil {
+			return nil, fmt.Errorf("%w: %s: %v", ErrMalformed, HeaderPackedHeaders, perr)
+		}
+		for k, v := range packed {
+			l.Headers[k] = append(l.Headers[k], v...)
+		}
+		l.Value = value[n:]
 	}
 	var err error
 	num := func(k string, bits int) int64 {
@@ -178,7 +209,7 @@ func Decode(key, value []byte, headers map[string][]string) (*Letter, error) {
 		return t
 	}
 	l.Attempts = int(num(HeaderAttempts, 32))
-	l.Replays = max(int(num(HeaderReplays, 32)), replayCount(l.Headers))
+	l.Replays = max(int(min(num(HeaderReplays, 32), MaxReplayCount)), replayCount(l.Headers))
 	l.FirstFailure = tm(HeaderFirstFailure)
 	l.LastFailure = tm(HeaderLastFailure)
 	l.Origin = Origin{Topic: get(HeaderOriginTopic), Stream: get(HeaderOriginStream), Group: get(HeaderGroup), Partition: -1}
@@ -201,15 +232,38 @@ func Decode(key, value []byte, headers map[string][]string) (*Letter, error) {
 
 // replayCount reads HeaderReplayCount from a message's own headers: a
 // replayed message that died again carries it there, and it wins over a
-// Letter.Replays the consumer did not set. Unreadable means 0.
+// Letter.Replays the consumer did not set.
 func replayCount(h map[string][]string) int {
 	v := h[HeaderReplayCount]
 	if len(v) == 0 {
 		return 0
 	}
-	n, err := strconv.Atoi(strings.TrimSpace(v[0]))
+	return ParseReplayCount(v[0])
+}
+
+// MaxReplayCount caps a replay count read from a message: counts come from
+// headers anyone can write, and one near the int limit would wrap to a
+// negative when the next replay adds one.
+const MaxReplayCount = 1 << 20
+
+// ParseReplayCount reads a Sluice-Replay-Count (or Sluice-Dlq-Replays)
+// value: unreadable or negative means 0, and it is capped at
+// MaxReplayCount, so no header value can defeat the loop guard.
+func ParseReplayCount(s string) int {
+	n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
 	if err != nil || n < 0 {
 		return 0
 	}
-	return n
+	return int(min(n, MaxReplayCount))
+}
+
+// cutString cuts s to at most n bytes without splitting a UTF-8 sequence.
+func cutString(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
 }
