@@ -18,9 +18,15 @@
 //	Sluice-Dlq-Route          sluice route name
 //	Sluice-Dlq-Version        sluice version that wrote it
 //	Sluice-Dlq-Replays        how many times it was replayed already
+//	Sluice-Dlq-Park-Reason    why a replay parked it (loop guard, destination refused)
+//	Sluice-Dlq-Truncated      what was cut to fit the store (never replayed then)
+//	Sluice-Dlq-Packed-Headers original headers too large for the broker's header
+//	                          limit: they take this many first bytes of the value
 //
-// Letter.Headers encodes a Letter; Decode reads one back. The original
-// message's order is kept: the original headers come first, unchanged.
+// Letter.EnvelopeHeaders encodes a Letter's headers; Letter.Encode makes
+// the whole letter fit a broker's limits (a message that fit its origin
+// must not be refused by the dead-letter store because of the envelope);
+// Decode reads one back. The original headers are kept unchanged.
 //
 // The consumer acks (or terms) the original only after Sink.Write returned
 // nil, that is after the broker confirmed the dead letter. If Write fails
@@ -29,12 +35,24 @@
 // # Replay
 //
 // A Replayer moves letters from a Source (the adapters' dead-letter
-// readers, or any backlog) to a Target (the origin topic by default) at a
-// paced rate: letters go in batches of Burst, each batch on the grid of an
-// x/time/rate token bucket plus a full-jitter delay, so the rate holds on
-// coarse timers and replayers started together do not fire together. A
-// letter is removed from the source only after the target confirmed its
-// republish, so a replay stopped at any point resumes with what is left.
+// readers, or any backlog) to a Target at a paced rate: letters go in small
+// batches (5 ms worth), each on the grid of an x/time/rate token bucket
+// plus a full-jitter delay, so the pace is even at any scale one measures
+// and replayers started together do not fire together; batches start on
+// their slots while earlier ones are still in flight (up to Concurrency),
+// so a target's latency does not lower the rate. A letter is removed from
+// the source only after the target confirmed its republish, so a replay
+// stopped at any point resumes with what is left.
+//
+// Where a replay publishes is the operator's decision, never the letter's:
+// a letter's origin header is written by whoever can write the dead-letter
+// store. ReplayOptions.Allow (patterns), Destination (a function) or Topic
+// (one destination for all) say where replay may publish; without any of
+// them Run moves nothing and names the destinations the letters ask for.
+// CheckDestination refuses "$" subjects (the server's APIs), "_INBOX"
+// subjects and Kafka's "__" topics whatever the policy. A refused letter
+// (and one the target cannot take, ErrUndeliverable, and one truncated to
+// fit its store) is parked with its reason, and the run goes on.
 //
 // The republished message is the original key, value and headers without
 // the envelope, plus HeaderReplayCount (Sluice-Replay-Count) = Replays+1.

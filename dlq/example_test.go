@@ -54,7 +54,7 @@ func ExampleReplayer() {
 		lines = append(lines, fmt.Sprintf("%s parked after %d replays", l.Value, l.Replays))
 		return nil
 	})
-	r, err := dlq.NewReplayer(dlq.ReplayOptions{Rate: 1000, Concurrency: 1, Park: park})
+	r, err := dlq.NewReplayer(dlq.ReplayOptions{Rate: 1000, Concurrency: 1, Park: park, Allow: []string{"orders.*"}})
 	if err != nil {
 		panic(err)
 	}

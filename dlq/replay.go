@@ -5,13 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
-
-	"golang.org/x/time/rate"
 
 	"github.com/sluice-go/sluice/backpressure"
 	"github.com/sluice-go/sluice/expiry"
@@ -27,8 +24,11 @@ const HeaderReplayCount = "Sluice-Replay-Count"
 
 // Defaults of ReplayOptions.
 const (
-	DefaultRate          = 100                   // letters per second
-	DefaultBatchInterval = 50 * time.Millisecond // batch spacing Burst is sized for
+	DefaultRate = 100 // letters per second
+	// DefaultBatchInterval is the spacing batches are sized for: a batch
+	// holds Rate × 5 ms letters (at least 1), so the pace is even at the
+	// scale anyone measures it (a 100 ms bucket sees 20 batches).
+	DefaultBatchInterval = 5 * time.Millisecond
 	DefaultConcurrency   = 8
 	DefaultMaxReplays    = 3
 	DefaultAttempts      = 3
@@ -48,9 +48,9 @@ var (
 	// ErrRemove wraps the error of removing a letter whose republish was
 	// confirmed: a resumed replay will publish it again (a duplicate).
 	ErrRemove = errors.New("sluice: dead letter republished but not removed")
-	// ErrNoDestination is returned (wrapped in ErrPublish) for a letter
-	// with no origin topic when ReplayOptions.Topic is "".
-	ErrNoDestination = errors.New("sluice: no destination topic for replay")
+	// ErrNoDestination is wrapped by the NoDestinationError Run returns
+	// when ReplayOptions names no destination policy.
+	ErrNoDestination = errors.New("sluice: no replay destination allowed")
 )
 
 // Pending is one stored message read from a Source, not yet removed.
@@ -96,8 +96,8 @@ type Sizer interface {
 
 // Outgoing is one message the Replayer republishes.
 type Outgoing struct {
-	// Topic is the destination: ReplayOptions.Topic, else the letter's
-	// origin topic (Kafka) or subject (NATS).
+	// Topic is the destination the replay policy chose (ReplayOptions
+	// Destination, Topic, or the letter's origin once Allow admits it).
 	Topic   string
 	Key     []byte
 	Value   []byte
@@ -108,7 +108,9 @@ type Outgoing struct {
 
 // Target republishes messages. Publish returns only after the broker
 // confirmed the message; an error means it may not be stored, and the
-// letter is kept. It must be safe for concurrent use.
+// letter is kept. An error wrapping ErrUndeliverable says the destination
+// can never take this message (the letter is parked and the run goes on);
+// any other error stops the run. It must be safe for concurrent use.
 type Target interface {
 	Publish(ctx context.Context, m *Outgoing) error
 }
@@ -137,9 +139,14 @@ const (
 	ActionHold                    // over MaxReplays with no Park: left in the queue
 	ActionSkip                    // not matched by the filter: left in the queue
 	ActionMalformed               // not a readable letter: left in the queue
+	// ActionRefuse: not republished because of its destination (not
+	// allowed, always refused, none, or the target cannot take it) or
+	// because it was truncated; written to Park with the reason and
+	// removed, or left in the queue when there is no Park.
+	ActionRefuse
 )
 
-var actionNames = [...]string{"replay", "park", "hold", "skip", "malformed"}
+var actionNames = [...]string{"replay", "park", "hold", "skip", "malformed", "refuse"}
 
 func (a Action) String() string {
 	if a >= 0 && int(a) < len(actionNames) {
@@ -148,17 +155,33 @@ func (a Action) String() string {
 	return "action(" + strconv.Itoa(int(a)) + ")"
 }
 
+// Decision is one letter decided, as OnLetter sees it.
+type Decision struct {
+	Action  Action
+	Pending *Pending
+	// Destination is where the letter was (or would be) republished, or
+	// for ActionRefuse the destination that was refused ("" if none).
+	Destination string
+	// Reason says why a letter was parked, held or refused.
+	Reason string
+	// Parked reports that the letter was (or would be) written to Park.
+	Parked bool
+}
+
 // ReplayOptions configure a Replayer. The zero value replays at 100
-// letters/s in jittered batches of 5, 8 at a time, parks nothing (letters
-// replayed 3 times already are held), and drops the stale deadline header.
+// letters/s in jittered batches of 1, 8 at a time, parks nothing (letters
+// replayed 3 times already are held), drops the stale deadline header,
+// and publishes nowhere: a replay needs a destination policy (Allow,
+// Destination or Topic), because a letter's origin is only a request.
 type ReplayOptions struct {
 	// Rate is the pace in letters moved (replayed or parked) per second.
 	// 0 means DefaultRate; math.Inf(1) means unpaced. Negative is invalid.
 	Rate float64
-	// Burst is the batch size: letters fetched, paced and published
-	// together, so one timer serves a batch (a coarse timer still holds the
-	// rate). 0 means Rate × DefaultBatchInterval rounded up (at least 1),
-	// or DefaultBatchUnpaced when unpaced.
+	// Burst is the batch size: letters paced and published together (one
+	// timer, and one produce request on a BatchTarget). 0 means Rate ×
+	// DefaultBatchInterval rounded up (at least 1), or DefaultBatchUnpaced
+	// when unpaced. Larger batches save timer wake-ups and round trips but
+	// make the pace lumpier at the scale of a batch interval.
 	Burst int
 	// Jitter is the largest random delay added before the first batch and
 	// to each batch's paced slot ("full jitter": uniform in [0, Jitter)).
@@ -166,13 +189,16 @@ type ReplayOptions struct {
 	// while it is below one batch interval. 0 means one batch interval
 	// (Burst/Rate); negative means none.
 	Jitter time.Duration
-	// Concurrency bounds publishes in flight within a batch. 0 means
-	// DefaultConcurrency.
+	// Concurrency bounds publishes in flight (batches on a BatchTarget):
+	// batches are started on their paced slots without waiting for the
+	// previous one, so a target's latency costs rate only once
+	// Concurrency publishes are waiting. 0 means DefaultConcurrency.
 	Concurrency int
 	// Filter selects the letters to move; the others are left in place.
 	Filter Filter
 	// DryRun decides every letter (OnLetter sees it) but moves, parks and
-	// removes nothing, unpaced.
+	// removes nothing, unpaced. Progress.Destinations lists where it would
+	// publish.
 	DryRun bool
 	// Max stops after this many letters moved (replayed + parked). 0 means
 	// no limit.
@@ -181,13 +207,33 @@ type ReplayOptions struct {
 	// already (Letter.Replays ≥ MaxReplays) goes to Park instead. 0 means
 	// DefaultMaxReplays; negative disables the guard.
 	MaxReplays int
-	// Park receives letters over MaxReplays; each is removed from the
-	// source only after Park.Write returned nil. nil means they are held
-	// (left in the queue and counted).
+	// Park receives letters over MaxReplays and refused letters, with
+	// Letter.ParkReason set; each is removed from the source only after
+	// Park.Write returned nil. nil means they are held (left in the queue
+	// and counted).
 	Park Sink
-	// Topic overrides the destination of every republish. "" means each
-	// letter's origin topic.
+
+	// Allow lists the destinations the replay may publish to, as patterns
+	// (MatchDestination: "orders.*", "orders.>", "orders-*"). A letter
+	// whose destination matches none is refused. With Destination or
+	// Topic set, their result must match too.
+	Allow []string
+	// Deny lists destinations refused even when allowed (the CLI adds the
+	// connection's JetStream API and inbox prefixes). CheckDestination's
+	// rules ($, _INBOX, __...) always apply.
+	Deny []string
+	// Destination, if set, chooses each letter's destination (the letter
+	// is read-only). An error refuses the letter with that reason.
+	Destination func(*Letter) (string, error)
+	// Topic, if set, is the destination of every letter (the CLI's --to).
+	// Without Destination and Topic a letter asks for its origin topic
+	// (Kafka) or subject (NATS), which Allow must admit.
+	//
+	// With none of Allow, Destination and Topic, Run publishes nothing: it
+	// reads the pass and returns a NoDestinationError naming the
+	// destinations the letters ask for.
 	Topic string
+
 	// Deadline is the fresh deadline policy of republished messages: > 0
 	// sets DeadlineHeader to publish time + Deadline; 0 removes the stale
 	// header (a consumer's MaxAge then counts from the republish); < 0
@@ -205,14 +251,20 @@ type ReplayOptions struct {
 	// OnLetter, if set, is called for every letter decided: after its move
 	// is confirmed, or at once for the other actions and in a dry run. It
 	// may be called from several goroutines at once.
-	OnLetter func(a Action, p *Pending)
+	OnLetter func(Decision)
 }
 
 // Progress counts what a replay did so far.
 type Progress struct {
-	Replayed  int // republished and removed
-	Parked    int // written to Park and removed
-	Held      int // over MaxReplays, no Park: left in place
+	Replayed int // republished and removed
+	// Parked counts letters written to Park and removed: over MaxReplays,
+	// or refused (those are counted in Refused too).
+	Parked int
+	// Refused counts letters not republished because of their destination
+	// or because they were truncated: parked when there is a Park (and
+	// counted in Parked), else left in place (and counted in Held).
+	Refused   int
+	Held      int // over MaxReplays or refused, with no Park: left in place
 	Skipped   int // filtered out: left in place
 	Malformed int // unreadable: left in place
 	Unremoved int // republished, but the removal failed: a resumed replay duplicates them
@@ -225,6 +277,10 @@ type Progress struct {
 	// slower); 0 if unknown.
 	ETA  time.Duration
 	Done bool // the final report
+	// Destinations lists the destinations used or refused, most letters
+	// first (at most 1000, then one "(other destinations)" row). Only the
+	// final report (Done) has it.
+	Destinations []DestinationCount
 }
 
 // Moved is Replayed + Parked.
@@ -234,6 +290,9 @@ func (p Progress) Moved() int { return p.Replayed + p.Parked }
 func (p Progress) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "replayed %d, parked %d", p.Replayed, p.Parked)
+	if p.Refused > 0 {
+		fmt.Fprintf(&b, " (refused %d)", p.Refused)
+	}
 	if p.Held+p.Skipped+p.Malformed > 0 {
 		fmt.Fprintf(&b, ", left %d (held %d, skipped %d, malformed %d)", p.Held+p.Skipped+p.Malformed, p.Held, p.Skipped, p.Malformed)
 	}
@@ -258,11 +317,18 @@ func (p Progress) String() string {
 // republished but not removed (crash in between) is republished by the next
 // run unless the target deduplicates (the NATS target does, within the
 // stream's duplicate window).
+//
+// Destinations: letters are untrusted, so a letter's origin is only a
+// request. The Replayer publishes only where ReplayOptions allows, never
+// where CheckDestination refuses; a refused letter is parked with its
+// reason (or left in place) and the run goes on.
 type Replayer struct {
-	opts  ReplayOptions
-	batch int
-	every float64 // rate
-	jit   time.Duration
+	opts   ReplayOptions
+	batch  int
+	fetch  int
+	every  float64 // rate
+	jit    time.Duration
+	policy bool // Allow, Destination or Topic set
 }
 
 // NewReplayer validates opts and returns a Replayer.
@@ -279,6 +345,16 @@ func NewReplayer(opts ReplayOptions) (*Replayer, error) {
 	case opts.Attempts < 0:
 		return nil, fmt.Errorf("%w: Attempts %d", ErrInvalidOption, opts.Attempts)
 	}
+	for _, p := range append(slices.Clip(opts.Allow), opts.Deny...) {
+		if err := CheckPattern(p); err != nil {
+			return nil, err
+		}
+	}
+	if opts.Topic != "" {
+		if err := CheckDestination(opts.Topic); err != nil {
+			return nil, fmt.Errorf("%w: Topic: %w", ErrInvalidOption, err)
+		}
+	}
 	if opts.Rate == 0 {
 		opts.Rate = DefaultRate
 	}
@@ -294,16 +370,25 @@ func NewReplayer(opts ReplayOptions) (*Replayer, error) {
 	if opts.DeadlineHeader == "" {
 		opts.DeadlineHeader = expiry.DefaultHeader
 	}
-	r := &Replayer{opts: opts, every: opts.Rate, batch: opts.Burst}
+	r := &Replayer{opts: opts, every: opts.Rate, batch: opts.Burst,
+		policy: len(opts.Allow) > 0 || opts.Destination != nil || opts.Topic != ""}
+	unpaced := math.IsInf(opts.Rate, 1)
 	if r.batch == 0 {
-		if math.IsInf(opts.Rate, 1) {
+		if unpaced {
 			r.batch = DefaultBatchUnpaced
 		} else {
 			r.batch = max(1, int(math.Ceil(opts.Rate*DefaultBatchInterval.Seconds())))
 		}
 	}
+	// Fetch ahead a quarter second of letters (at least a batch, at most
+	// 256 unless the batch is larger): a fetch is a round trip, a batch
+	// only a timer.
+	r.fetch = max(r.batch, 256)
+	if !unpaced {
+		r.fetch = min(max(r.batch, int(math.Ceil(opts.Rate/4))), max(r.batch, 256))
+	}
 	r.jit = opts.Jitter
-	if r.jit == 0 && !math.IsInf(opts.Rate, 1) {
+	if r.jit == 0 && !unpaced {
 		r.jit = time.Duration(float64(r.batch) / opts.Rate * float64(time.Second))
 	}
 	r.jit = max(r.jit, 0)
@@ -316,296 +401,19 @@ func (r *Replayer) Batch() int { return r.batch }
 // Jitter returns the jitter in use (ReplayOptions.Jitter or its default).
 func (r *Replayer) Jitter() time.Duration { return r.jit }
 
-// Run replays letters from src to dst until src is drained, Max letters
-// moved, ctx is done, or a publish fails. It returns what it did; the error
-// is nil when src was drained or Max reached, ctx.Err() when cancelled,
-// else wraps ErrPublish, ErrRemove or the source's error. Letters not moved
-// are left in the source.
-func (r *Replayer) Run(ctx context.Context, src Source, dst Target) (Progress, error) {
-	start := time.Now()
-	var mu sync.Mutex // guards st (OnLetter/publish goroutines update it)
-	st := Progress{Remaining: -1}
-	report := func(done bool) Progress {
-		mu.Lock()
-		p := st
-		mu.Unlock()
-		p.Elapsed = time.Since(start)
-		if s := p.Elapsed.Seconds(); s > 0 {
-			p.Rate = float64(p.Moved()) / s
-		}
-		p.Remaining = -1
-		if sz, ok := src.(Sizer); ok {
-			p.Remaining = sz.Remaining()
-			if r.opts.Max > 0 {
-				p.Remaining = min(p.Remaining, max(r.opts.Max-p.Moved(), 0))
-			}
-		}
-		if p.Remaining >= 0 && !r.opts.DryRun {
-			pace := r.every
-			if p.Elapsed > time.Second && p.Rate < pace {
-				pace = p.Rate
-			}
-			if pace > 0 && !math.IsInf(pace, 1) {
-				p.ETA = time.Duration(float64(p.Remaining) / pace * float64(time.Second))
-			}
-		}
-		p.Done = done
-		if r.opts.Progress != nil {
-			r.opts.Progress(p)
-		}
-		return p
-	}
-	decide := func(a Action, p *Pending) {
-		mu.Lock()
-		switch a {
-		case ActionReplay:
-			st.Replayed++
-		case ActionPark:
-			st.Parked++
-		case ActionHold:
-			st.Held++
-		case ActionSkip:
-			st.Skipped++
-		case ActionMalformed:
-			st.Malformed++
-		}
-		mu.Unlock()
-		if p.Leave != nil && !r.opts.DryRun && a != ActionReplay && a != ActionPark {
-			p.Leave()
-		}
-		if r.opts.OnLetter != nil {
-			r.opts.OnLetter(a, p)
-		}
-	}
-
-	rnd := rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
-	if !r.opts.DryRun && r.jit > 0 {
-		// Full jitter on start: the rate's grid is anchored after it, so
-		// replayers started together also tick on different phases.
-		if err := sleepUntil(ctx, start.Add(time.Duration(rnd.Int64N(int64(r.jit))))); err != nil {
-			return report(true), err
-		}
-	}
-	pc := newPacer(r.every, r.batch, r.jit, rnd, time.Now())
-	moved := 0
-	for {
-		n := r.batch
-		if r.opts.Max > 0 {
-			if moved >= r.opts.Max {
-				return report(true), nil
-			}
-			n = min(n, r.opts.Max-moved)
-		}
-		items, err := src.Fetch(ctx, n)
-		if errors.Is(err, ErrDrained) {
-			return report(true), nil
-		}
-		if err != nil {
-			if ctx.Err() != nil {
-				return report(true), ctx.Err()
-			}
-			return report(true), fmt.Errorf("sluice: replay: fetch: %w", err)
-		}
-		var moves []move
-		for _, p := range items {
-			switch a := r.classify(p); a {
-			case ActionReplay, ActionPark:
-				if r.opts.DryRun {
-					decide(a, p)
-					moved++
-				} else {
-					moves = append(moves, move{a, p})
-				}
-			default:
-				decide(a, p)
-			}
-		}
-		if len(moves) == 0 {
-			continue
-		}
-		if err := sleepUntil(ctx, pc.next(time.Now(), len(moves))); err != nil {
-			return report(true), err
-		}
-		err = r.publish(ctx, dst, moves, decide, func() {
-			mu.Lock()
-			st.Unremoved++
-			mu.Unlock()
-		})
-		moved += len(moves)
-		if err != nil {
-			return report(true), err
-		}
-		report(false)
-	}
-}
-
-type move struct {
-	a Action
-	p *Pending
-}
-
-func (r *Replayer) classify(p *Pending) Action {
-	l := p.Letter
-	switch {
-	case l == nil || p.Err != nil:
-		return ActionMalformed
-	case !r.opts.Filter.Match(l):
-		return ActionSkip
-	case r.opts.MaxReplays > 0 && l.Replays >= r.opts.MaxReplays:
-		if r.opts.Park == nil {
-			return ActionHold
-		}
-		return ActionPark
-	}
-	return ActionReplay
-}
-
-// publish moves one batch with at most Concurrency in flight, and returns
-// the first error once every started move is finished.
-func (r *Replayer) publish(ctx context.Context, dst Target, moves []move, decide func(Action, *Pending), unremoved func()) error {
-	var (
-		wg       sync.WaitGroup
-		errMu    sync.Mutex
-		firstErr error
-	)
-	fail := func(err error) {
-		errMu.Lock()
-		if firstErr == nil {
-			firstErr = err
-		}
-		errMu.Unlock()
-	}
-	failed := func() bool {
-		errMu.Lock()
-		defer errMu.Unlock()
-		return firstErr != nil
-	}
-	sem := make(chan struct{}, r.opts.Concurrency)
-	now := time.Now()
-	// A BatchTarget publishes every replay of the batch in one call first;
-	// the pool below then only removes (or parks).
-	var pre map[int]error
-	if bt, ok := dst.(BatchTarget); ok {
-		pre = r.publishBatch(ctx, bt, moves, now)
-	}
-	for i, mv := range moves {
-		sem <- struct{}{}
-		perr, published := pre[i]
-		if !published && (failed() || ctx.Err() != nil) {
-			<-sem
-			break // stop starting moves; the rest stay in the queue
-		}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			var err error
-			switch {
-			case published:
-				err = perr
-			case mv.a == ActionPark:
-				err = r.retry(ctx, func() error { return r.opts.Park.Write(ctx, mv.p.Letter) })
-			default:
-				out := r.Outgoing(mv.p, now)
-				if out.Topic == "" {
-					err = ErrNoDestination
-				} else {
-					err = r.retry(ctx, func() error { return dst.Publish(ctx, out) })
-				}
-			}
-			if err != nil {
-				if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
-					fail(ctx.Err())
-				} else {
-					fail(fmt.Errorf("%w: %s: %w", ErrPublish, mv.p.Pos, err))
-				}
-				return
-			}
-			// Confirmed: the letter must go even if ctx was cancelled just now.
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-			defer cancel()
-			if mv.p.Remove != nil {
-				if err := mv.p.Remove(rctx); err != nil {
-					unremoved()
-					fail(fmt.Errorf("%w: %s: %w", ErrRemove, mv.p.Pos, err))
-					return
-				}
-			}
-			decide(mv.a, mv.p)
-		})
-	}
-	wg.Wait()
-	if firstErr == nil && ctx.Err() != nil {
-		return ctx.Err()
-	}
-	return firstErr
-}
-
-// publishBatch publishes the replays among moves through bt, retrying the
-// failed ones, and returns each one's final error by index in moves.
-func (r *Replayer) publishBatch(ctx context.Context, bt BatchTarget, moves []move, now time.Time) map[int]error {
-	res := map[int]error{}
-	var idx []int
-	var outs []*Outgoing
-	for i, mv := range moves {
-		if mv.a != ActionReplay {
-			continue
-		}
-		out := r.Outgoing(mv.p, now)
-		if out.Topic == "" {
-			res[i] = ErrNoDestination
-			continue
-		}
-		idx, outs = append(idx, i), append(outs, out)
-	}
-	backoff := 100 * time.Millisecond
-	for attempt := 0; len(outs) > 0; attempt++ {
-		errs := bt.PublishBatch(ctx, outs)
-		var retryIdx []int
-		var retryOuts []*Outgoing
-		for j, out := range outs {
-			var err error
-			if errs != nil {
-				err = errs[j]
-			}
-			res[idx[j]] = err
-			if err != nil {
-				retryIdx, retryOuts = append(retryIdx, idx[j]), append(retryOuts, out)
-			}
-		}
-		if len(retryOuts) == 0 || attempt == r.opts.Attempts-1 || ctx.Err() != nil {
-			break
-		}
-		if sleepUntil(ctx, time.Now().Add(backoff/2+rand.N(backoff/2+1))) != nil {
-			break
-		}
-		backoff *= 2
-		idx, outs = retryIdx, retryOuts
-	}
-	return res
-}
-
-func (r *Replayer) retry(ctx context.Context, f func() error) error {
-	var err error
-	backoff := 100 * time.Millisecond
-	for i := range r.opts.Attempts {
-		if err = f(); err == nil || ctx.Err() != nil {
-			return err
-		}
-		if i == r.opts.Attempts-1 {
-			break
-		}
-		d := backoff/2 + rand.N(backoff/2+1)
-		if serr := sleepUntil(ctx, time.Now().Add(d)); serr != nil {
-			return err
-		}
-		backoff *= 2
-	}
-	return err
-}
-
 // Outgoing builds the message a letter is republished as at time now: the
+// destination the policy allows (Topic "" when it refuses the letter), the
 // original key, value and headers without the envelope, HeaderReplayCount
 // set to Replays+1, and the deadline policy applied.
 func (r *Replayer) Outgoing(p *Pending, now time.Time) *Outgoing {
+	dest, _, err := r.destination(p.Letter)
+	if err != nil {
+		dest = ""
+	}
+	return r.outgoing(p, dest, now)
+}
+
+func (r *Replayer) outgoing(p *Pending, dest string, now time.Time) *Outgoing {
 	l := p.Letter
 	h := make(map[string][]string, len(l.Headers)+2)
 	for k, v := range l.Headers {
@@ -613,84 +421,47 @@ func (r *Replayer) Outgoing(p *Pending, now time.Time) *Outgoing {
 			h[k] = append([]string(nil), v...)
 		}
 	}
-	h[HeaderReplayCount] = []string{strconv.Itoa(l.Replays + 1)}
+	h[HeaderReplayCount] = []string{strconv.Itoa(min(l.Replays, MaxReplayCount) + 1)}
 	switch {
 	case r.opts.Deadline > 0:
 		h[r.opts.DeadlineHeader] = []string{expiry.FormatDeadline(now.Add(r.opts.Deadline))}
 	case r.opts.Deadline == 0:
 		delete(h, r.opts.DeadlineHeader)
 	}
-	topic := r.opts.Topic
-	if topic == "" {
-		topic = l.Origin.Topic
-	}
-	return &Outgoing{Topic: topic, Key: l.Key, Value: l.Value, Headers: h, Letter: l, Pos: p.Pos}
+	return &Outgoing{Topic: dest, Key: l.Key, Value: l.Value, Headers: h, Letter: l, Pos: p.Pos}
 }
 
-// pacer spaces batches: a token bucket (x/time/rate) sets each batch's slot
-// on the rate's grid, and a uniform random delay in [0, jitter) is added to
-// a slot still ahead. The bucket holds two batches, so a batch delayed by
-// jitter (or a slow publish) up to one interval does not push later slots
-// back, and a batch already due goes at once: the rate holds as long as a
-// batch takes less than its interval on average. Not safe for concurrent
-// use.
-type pacer struct {
-	lim    *rate.Limiter
-	jit    time.Duration
-	rnd    *rand.Rand
-	paced  bool
-	lastAt time.Time
-}
+// errNoPolicy refuses every letter when ReplayOptions names no policy.
+var errNoPolicy = fmt.Errorf("%w: no destination is allowed (set an allow-list or one destination)", ErrRefused)
 
-func newPacer(perSecond float64, batch int, jitter time.Duration, rnd *rand.Rand, now time.Time) *pacer {
-	p := &pacer{jit: jitter, rnd: rnd, paced: !math.IsInf(perSecond, 1)}
-	if p.paced {
-		p.lim = rate.NewLimiter(rate.Limit(perSecond), 2*batch)
-		p.lim.ReserveN(now, batch) // start with one batch ready, not two
-	}
-	return p
-}
-
-func (p *pacer) jitter() time.Duration {
-	if p.jit <= 0 {
-		return 0
-	}
-	return time.Duration(p.rnd.Int64N(int64(p.jit)))
-}
-
-// next reserves n letters at now and returns when their batch may go.
-// Batches never go out of order.
-func (p *pacer) next(now time.Time, n int) time.Time {
-	at := now
-	if p.paced {
-		res := p.lim.ReserveN(now, n)
-		if d := res.DelayFrom(now); res.OK() && d > 0 {
-			// On the grid: the slot is ahead, jitter it. A batch that is
-			// due already (the run is behind) goes at once: jitter there
-			// would only add to the lag.
-			at = now.Add(d).Add(p.jitter())
+// destination applies the policy to l: it returns the destination l asks
+// for or is given (requested, for reporting) and, when allowed, the same
+// as dest; err (wrapping ErrRefused) when refused.
+func (r *Replayer) destination(l *Letter) (dest, requested string, err error) {
+	switch {
+	case r.opts.Destination != nil:
+		requested, err = r.opts.Destination(l)
+		if err != nil {
+			return "", requested, fmt.Errorf("%w: %w", ErrRefused, err)
 		}
-	} else {
-		at = at.Add(p.jitter())
+	case r.opts.Topic != "":
+		requested = r.opts.Topic
+	default:
+		requested = l.Origin.Topic
 	}
-	if at.Before(p.lastAt) {
-		at = p.lastAt
+	if err := CheckDestination(requested); err != nil {
+		return "", requested, err
 	}
-	p.lastAt = at
-	return at
-}
-
-func sleepUntil(ctx context.Context, t time.Time) error {
-	d := time.Until(t)
-	if d <= 0 {
-		return ctx.Err()
+	if !r.policy {
+		return "", requested, errNoPolicy
 	}
-	tm := time.NewTimer(d)
-	defer tm.Stop()
-	select {
-	case <-tm.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
+	for _, p := range r.opts.Deny {
+		if MatchDestination(p, requested) {
+			return "", requested, fmt.Errorf("%w: %q matches the deny pattern %q", ErrRefused, requested, p)
+		}
 	}
+	if len(r.opts.Allow) > 0 && !slices.ContainsFunc(r.opts.Allow, func(p string) bool { return MatchDestination(p, requested) }) {
+		return "", requested, fmt.Errorf("%w: %q is not in the allow-list", ErrRefused, Printable(requested, 80))
+	}
+	return requested, requested, nil
 }

@@ -125,7 +125,7 @@ func TestKafkaReplayEveryLetterOnce(t *testing.T) {
 	origin := cluster.Topic(t, "orders", 3)
 	seedLetters(t, dlqTopic, origin, n, permanent)
 	group := "replay-" + dlqTopic
-	rp, err := dlq.NewReplayer(dlq.ReplayOptions{Rate: perSecond})
+	rp, err := dlq.NewReplayer(dlq.ReplayOptions{Allow: []string{">"}, Rate: perSecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -201,7 +201,7 @@ func TestKafkaReplayCancelAndResume(t *testing.T) {
 	origin := cluster.Topic(t, "orders", 3)
 	seedLetters(t, dlqTopic, origin, n, permanent)
 	group := "replay-" + dlqTopic
-	rp, _ := dlq.NewReplayer(dlq.ReplayOptions{Rate: 2000})
+	rp, _ := dlq.NewReplayer(dlq.ReplayOptions{Allow: []string{">"}, Rate: 2000})
 	target := newTarget(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	src := newLetterSource(t, dlqTopic, group)
@@ -232,7 +232,7 @@ func TestKafkaReplayTargetMissingKeepsLetter(t *testing.T) {
 	dlqTopic := cluster.Topic(t, "dlq", 1)
 	seedLetters(t, dlqTopic, "no-such-topic-"+dlqTopic, 5, permanent)
 	group := "replay-" + dlqTopic
-	rp, _ := dlq.NewReplayer(dlq.ReplayOptions{Rate: math.Inf(1), Attempts: 1})
+	rp, _ := dlq.NewReplayer(dlq.ReplayOptions{Allow: []string{">"}, Rate: math.Inf(1), Attempts: 1})
 	src := newLetterSource(t, dlqTopic, group)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -280,7 +280,7 @@ func TestKafkaReplayParksAndPassesOver(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer park.Close()
-	rp, _ := dlq.NewReplayer(dlq.ReplayOptions{Rate: math.Inf(1), Park: park, Filter: dlq.Filter{Classes: []string{dlq.ClassPermanent}}})
+	rp, _ := dlq.NewReplayer(dlq.ReplayOptions{Allow: []string{">"}, Rate: math.Inf(1), Park: park, Filter: dlq.Filter{Classes: []string{dlq.ClassPermanent}}})
 	group := "replay-" + dlqTopic
 	src := newLetterSource(t, dlqTopic, group)
 	rep, err := rp.Run(ctx, src, newTarget(t))
@@ -349,7 +349,7 @@ func ExampleNewLetterSource() {
 	}
 	target, _ := kafkaadapter.NewReplayTarget(cluster.Kafka(), kafkaadapter.ReplayTargetOptions{})
 	defer target.Close()
-	r, _ := dlq.NewReplayer(dlq.ReplayOptions{Rate: 200, Filter: dlq.Filter{Classes: []string{dlq.ClassExhausted}}})
+	r, _ := dlq.NewReplayer(dlq.ReplayOptions{Allow: []string{origin}, Rate: 200, Filter: dlq.Filter{Classes: []string{dlq.ClassExhausted}}})
 	rep, err := r.Run(ctx, src, target)
 	_ = src.Close(ctx) // commits the replay group
 	fmt.Println(rep.Replayed, "replayed, error:", err)

@@ -169,7 +169,7 @@ func TestReplayRateAndCompleteness(t *testing.T) {
 	const n, perSecond = 10000, 1000
 	r := newReplayRig(t)
 	r.seed(t, "pay", n, nil)
-	rp, err := dlq.NewReplayer(dlq.ReplayOptions{Rate: perSecond, Deadline: time.Minute})
+	rp, err := dlq.NewReplayer(dlq.ReplayOptions{Allow: []string{">"}, Rate: perSecond, Deadline: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -301,7 +301,7 @@ func TestReplayCancelAndResume(t *testing.T) {
 	const n = 2000
 	r := newReplayRig(t)
 	r.seed(t, "pay", n, nil)
-	rp, err := dlq.NewReplayer(dlq.ReplayOptions{Rate: 2000})
+	rp, err := dlq.NewReplayer(dlq.ReplayOptions{Allow: []string{">"}, Rate: 2000})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -340,7 +340,7 @@ func TestReplayTargetFailureKeepsLetter(t *testing.T) {
 		}
 		return real.Publish(ctx, m)
 	})
-	rp, err := dlq.NewReplayer(dlq.ReplayOptions{Rate: math.Inf(1), Burst: 10, Concurrency: 1, Attempts: 2})
+	rp, err := dlq.NewReplayer(dlq.ReplayOptions{Allow: []string{">"}, Rate: math.Inf(1), Burst: 10, Concurrency: 1, Attempts: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -416,7 +416,7 @@ func TestReplayLoopGuardEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rp, err := dlq.NewReplayer(dlq.ReplayOptions{Rate: math.Inf(1), MaxReplays: 2, Park: park})
+	rp, err := dlq.NewReplayer(dlq.ReplayOptions{Allow: []string{">"}, Rate: math.Inf(1), MaxReplays: 2, Park: park})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -498,7 +498,7 @@ func spreadRun(t *testing.T, jitter time.Duration) (ratio, fine float64, buckets
 	for i := range replayers {
 		r.seed(t, "r"+strconv.Itoa(i), each, nil)
 	}
-	rp, err := dlq.NewReplayer(dlq.ReplayOptions{Rate: perSecond, Jitter: jitter})
+	rp, err := dlq.NewReplayer(dlq.ReplayOptions{Allow: []string{">"}, Rate: perSecond, Jitter: jitter})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -580,7 +580,7 @@ func TestBacklogDrainMode(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer src.Close(context.Background())
-	rp, err := dlq.NewReplayer(dlq.ReplayOptions{Rate: 1000, Topic: "orders.drained"})
+	rp, err := dlq.NewReplayer(dlq.ReplayOptions{Allow: []string{">"}, Rate: 1000, Topic: "orders.drained"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -630,7 +630,7 @@ func ExampleNewLetterSource() {
 	}
 	defer src.Close(ctx)
 	park, _ := natsadapter.NewParkSink(ctx, js)
-	r, _ := dlq.NewReplayer(dlq.ReplayOptions{Rate: 500, Deadline: 5 * time.Minute, MaxReplays: 3, Park: park})
+	r, _ := dlq.NewReplayer(dlq.ReplayOptions{Allow: []string{"orders.>"}, Rate: 500, Deadline: 5 * time.Minute, MaxReplays: 3, Park: park})
 	rep, err := r.Run(ctx, src, natsadapter.NewReplayTarget(js))
 	fmt.Println(rep.Replayed, "replayed,", rep.Parked, "parked, error:", err)
 	st, _ := js.Stream(ctx, natsadapter.DefaultDLQStream)

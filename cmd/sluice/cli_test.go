@@ -115,7 +115,7 @@ func TestGoldenOutputs(t *testing.T) {
 		{"ls_letters_filtered", []string{"dlq", "ls", "--letters", "--filter", "class=exhausted"}},
 		{"show", []string{"dlq", "show", "1"}},
 		{"show_binary", []string{"dlq", "show", "SLUICE_DLQ#4"}},
-		{"replay_dry_run", []string{"dlq", "replay", "--dry-run", "--max-replays", "2", "--filter", "origin=ORDERS,billing.*"}},
+		{"replay_dry_run", []string{"dlq", "replay", "--dry-run", "--max-replays", "3", "--allow", "orders.*", "--filter", "origin=ORDERS,billing.*"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			out, errOut, code := run(t, append(tc.args, "--nats", f.url)...)
@@ -134,14 +134,14 @@ func TestGoldenOutputs(t *testing.T) {
 
 func TestReplayCommand(t *testing.T) {
 	f := newFixture(t)
-	out, errOut, code := run(t, "dlq", "replay", "--nats", f.url, "--rate", "200/s", "--max-replays", "2", "--deadline", "5m", "--progress", "1ms")
+	out, errOut, code := run(t, "dlq", "replay", "--nats", f.url, "--allow", "orders.>", "--allow", "billing.>", "--rate", "200/s", "--max-replays", "2", "--deadline", "5m", "--progress", "1ms")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
 	if !strings.HasPrefix(out, "replayed 4, parked 1 in ") {
 		t.Fatalf("stdout %q", out)
 	}
-	if !strings.Contains(errOut, "replaying stream SLUICE_DLQ at 200/s in batches of 10") || !strings.Contains(errOut, "/s)") {
+	if !strings.Contains(errOut, "replaying stream SLUICE_DLQ at 200/s in batches of 1") || !strings.Contains(errOut, "/s)") {
 		t.Fatalf("stderr %q", errOut)
 	}
 	count := func(stream string) uint64 {
@@ -262,7 +262,7 @@ func TestNatsStore(t *testing.T) {
 	if code != 0 || !strings.HasPrefix(out, "stream SLUICE_DLQ: 5 letters") {
 		t.Fatalf("exit %d: %q %q", code, out, errOut)
 	}
-	out, errOut, code = run(t, "dlq", "replay", "--nats-store", dir, "--rate", "inf", "--filter", "route=orders")
+	out, errOut, code = run(t, "dlq", "replay", "--nats-store", dir, "--allow", "orders.new", "--rate", "inf", "--filter", "route=orders")
 	if code != 0 || !strings.HasPrefix(out, "replayed 4, parked 0") {
 		t.Fatalf("exit %d: %q %q", code, out, errOut)
 	}

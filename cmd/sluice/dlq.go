@@ -375,14 +375,15 @@ func newReplayCmd(cf *connFlags, out, errOut io.Writer) *cobra.Command {
 		burst       int
 		concurrency int
 		to          string
+		allow       []string
 		park        string
 		every       time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "replay",
 		Short: "Replay dead letters into their origin at a paced, jittered rate",
-		Long: `Replay moves dead letters back into the topic or subject they came from (or --to)
-at --rate, in small batches (so the rate holds on coarse timers) with full jitter
+		Long: `Replay moves dead letters back into the topic or subject they came from, when
+--allow admits it, or into --to, at --rate, in small batches (so the rate holds on coarse timers) with full jitter
 on the start and between batches (so many replayers do not synchronize).
 
 Each letter is removed from the dead-letter queue only after its republish is
@@ -396,9 +397,16 @@ The old deadline header (Sluice-Deadline) of a dead letter has passed; --deadlin
 sets a fresh one (a duration from the republish), drops it (default: a consumer's
 max-age then counts from the republish) or keeps it.
 
+Letters are untrusted (anyone who can write the dead-letter store chooses their
+headers), so a letter's origin is only a request: replay publishes to it only
+when an --allow pattern matches, or to --to. Subjects starting with "$" (the
+server's APIs) or "_INBOX", and Kafka's "__" topics, are always refused. A
+refused letter is parked (--park) with the reason and the replay goes on;
+--dry-run lists the destinations it would use.
+
 A progress line with rate and ETA goes to stderr every --progress.`,
 		Example: `  sluice dlq replay --nats-store /tmp/qs --dry-run
-  sluice dlq replay --nats nats://127.0.0.1:4222 --rate 200/s --filter class=permanent --filter since=1h
+  sluice dlq replay --nats nats://127.0.0.1:4222 --allow 'orders.>' --rate 200/s --filter class=permanent --filter since=1h
   sluice dlq replay --rate 50/s --jitter 2s --max 1000 --deadline 5m --to orders.retry`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -409,8 +417,11 @@ A progress line with rate and ETA goes to stderr every --progress.`,
 			if max < 0 || burst < 0 || concurrency < 0 {
 				return usageError{errors.New("--max, --burst and --concurrency must be ≥ 0")}
 			}
+			if to != "" && len(allow) > 0 {
+				return usageError{errors.New("give --to (one destination for all) or --allow (patterns the letters' origins must match), not both")}
+			}
 			opts := dlq.ReplayOptions{Rate: rate.perSecond, Burst: burst, Jitter: jitter.d, Concurrency: concurrency,
-				Filter: f, DryRun: dry, Max: max, MaxReplays: maxReplays, Topic: to, Deadline: deadline.d}
+				Filter: f, DryRun: dry, Max: max, MaxReplays: maxReplays, Topic: to, Allow: allow, Deadline: deadline.d}
 			if maxReplays == 0 {
 				opts.MaxReplays = -1
 			}
@@ -434,28 +445,29 @@ A progress line with rate and ETA goes to stderr every --progress.`,
 			var mu sync.Mutex
 			if dry {
 				fmt.Fprintf(out, "dry run on %s: nothing is published or removed\n", b.describe())
-				opts.OnLetter = func(a dlq.Action, p *dlq.Pending) {
+				opts.OnLetter = func(d dlq.Decision) {
 					mu.Lock()
 					defer mu.Unlock()
+					p := d.Pending
 					if p.Letter == nil {
-						fmt.Fprintf(out, "%-9s %s: %v\n", a, p.Pos, p.Err)
+						fmt.Fprintf(out, "%-9s %s: %s\n", d.Action, p.Pos, dlq.Printable(errString(p.Err), 200))
 						return
 					}
-					dest := to
-					if dest == "" {
-						dest = p.Letter.Origin.Topic
-					}
-					verb := map[dlq.Action]string{dlq.ActionReplay: "replay", dlq.ActionPark: "park", dlq.ActionHold: "hold", dlq.ActionSkip: "skip"}[a]
-					switch a {
-					case dlq.ActionReplay:
-						dest = "→ " + dest
-					case dlq.ActionPark:
+					var dest string
+					switch {
+					case d.Action == dlq.ActionReplay:
+						dest = "→ " + d.Destination
+					case d.Parked:
 						dest = "→ " + park
 					default:
 						dest = "(stays)"
 					}
-					fmt.Fprintf(out, "%-6s %s %s  class=%s replays=%d last=%s\n", verb, p.Pos, dest,
-						p.Letter.Class, p.Letter.Replays, stamp(p.Letter.LastFailure))
+					fmt.Fprintf(out, "%-6s %s %s  class=%s replays=%d last=%s", d.Action, p.Pos, dlq.Printable(dest, 120),
+						dlq.Printable(p.Letter.Class, 40), p.Letter.Replays, stamp(p.Letter.LastFailure))
+					if d.Reason != "" {
+						fmt.Fprintf(out, "  (%s)", dlq.Printable(d.Reason, 200))
+					}
+					fmt.Fprintln(out)
 				}
 			}
 			var lastLine time.Time
@@ -468,7 +480,7 @@ A progress line with rate and ETA goes to stderr every --progress.`,
 			}
 			rp, err := dlq.NewReplayer(opts)
 			if err != nil {
-				return usageError{err}
+				return usageError{fmt.Errorf("--to/--allow: %w", err)}
 			}
 			src, done, err := b.open(ctx)
 			if err != nil {
@@ -485,6 +497,14 @@ A progress line with rate and ETA goes to stderr every --progress.`,
 					rep.Replayed, rep.Parked, rep.Held, rep.Skipped, rep.Malformed)
 			}
 			fmt.Fprintln(out, summary)
+			var nd *dlq.NoDestinationError
+			if errors.As(err, &nd) {
+				return usageError{fmt.Errorf("replay needs --allow PATTERN (repeatable) or --to DEST: letters are untrusted and do not choose where a replay publishes; %s",
+					askedList(nd.Asked))}
+			}
+			if dry {
+				printDestinations(out, rep.Destinations)
+			}
 			if errors.Is(err, context.Canceled) {
 				return fmt.Errorf("interrupted: the letters not replayed are still in %s; run the same command to resume", b.describe())
 			}
@@ -504,7 +524,8 @@ A progress line with rate and ETA goes to stderr every --progress.`,
 	fs.IntVar(&max, "max", 0, "stop after moving this many letters (0: no limit)")
 	fs.IntVar(&maxReplays, "max-replays", dlq.DefaultMaxReplays, "loop guard: park letters already replayed this many times (0: no guard)")
 	fs.StringVar(&park, "park", natsadapter.DefaultParkStream, "where letters over --max-replays go (NATS stream or Kafka topic; \"\": leave them in place)")
-	fs.StringVar(&to, "to", "", "republish every letter to this topic/subject instead of its origin")
+	fs.StringVar(&to, "to", "", "republish every letter to this topic/subject")
+	fs.StringArrayVar(&allow, "allow", nil, "republish letters to their origin when it matches this `PATTERN` (repeatable): orders.new, orders.* (one token), orders.> (the rest), orders-* (glob)")
 	fs.Var(&deadline, "deadline", "deadline header of republished messages: a duration from the republish, drop, or keep")
 	fs.DurationVar(&every, "progress", time.Second, "interval of the progress line on stderr")
 	return cmd
@@ -566,4 +587,54 @@ func newPurgeCmd(cf *connFlags, out io.Writer) *cobra.Command {
 	addFilterFlag(cmd.Flags(), &terms)
 	cmd.Flags().BoolVar(&yes, "yes", false, "really delete")
 	return cmd
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// askedList names the destinations letters asked for.
+func askedList(asked []dlq.DestinationCount) string {
+	if len(asked) == 0 {
+		return "there is no letter to replay"
+	}
+	var b strings.Builder
+	b.WriteString("the letters ask for ")
+	for i, d := range asked {
+		if i == 10 {
+			fmt.Fprintf(&b, " and %d more", len(asked)-i)
+			break
+		}
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		name := d.Name
+		if name == "" {
+			name = "(no origin)"
+		}
+		fmt.Fprintf(&b, "%s (%d)", dlq.Printable(name, 80), d.Letters)
+	}
+	return b.String()
+}
+
+// printDestinations lists a dry run's destinations.
+func printDestinations(out io.Writer, ds []dlq.DestinationCount) {
+	if len(ds) == 0 {
+		return
+	}
+	fmt.Fprintln(out, "destinations:")
+	for _, d := range ds {
+		name := d.Name
+		if name == "" {
+			name = "(none)"
+		}
+		if d.Refused != "" {
+			fmt.Fprintf(out, "  %s  %d letters  REFUSED: %s\n", dlq.Printable(name, 120), d.Letters, dlq.Printable(d.Refused, 200))
+		} else {
+			fmt.Fprintf(out, "  %s  %d letters\n", dlq.Printable(name, 120), d.Letters)
+		}
+	}
 }

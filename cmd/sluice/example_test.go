@@ -38,7 +38,7 @@ func Example() {
 	}
 
 	execute(ctx, []string{"dlq", "ls", "--nats", srv.ClientURL()}, os.Stdout, os.Stderr)
-	execute(ctx, []string{"dlq", "replay", "--nats", srv.ClientURL(), "--rate", "inf", "--dry-run"}, os.Stdout, os.Stderr)
+	execute(ctx, []string{"dlq", "replay", "--nats", srv.ClientURL(), "--rate", "inf", "--allow", "orders.*", "--dry-run"}, os.Stdout, os.Stderr)
 	// Output:
 	// stream SLUICE_DLQ: 3 letters
 	//
@@ -49,4 +49,6 @@ func Example() {
 	// replay SLUICE_DLQ#2 → orders.new  class=permanent replays=0 last=2026-12-02T09:00:00Z
 	// replay SLUICE_DLQ#3 → orders.new  class=permanent replays=0 last=2026-12-02T09:00:00Z
 	// would replay 3, park 0; left in place: held 0, skipped 0, malformed 0
+	// destinations:
+	//   orders.new  3 letters
 }

@@ -62,7 +62,7 @@ func TestKafkaCommands(t *testing.T) {
 	for _, tc := range []struct{ name, cmd string }{
 		{"kafka_ls", "ls --letters"},
 		{"kafka_show", "show 0/1"},
-		{"kafka_replay_dry_run", "replay --dry-run"},
+		{"kafka_replay_dry_run", "replay --dry-run --allow " + topics.orders},
 	} {
 		out, errOut, code := run(t, append(append([]string{"dlq"}, strings.Fields(tc.cmd)...), k...)...)
 		if code != 0 {
@@ -70,7 +70,7 @@ func TestKafkaCommands(t *testing.T) {
 		}
 		golden(t, tc.name, topics.normalize(out))
 	}
-	out, errOut, code := run(t, append([]string{"dlq", "replay", "--rate", "inf"}, k...)...)
+	out, errOut, code := run(t, append([]string{"dlq", "replay", "--rate", "inf", "--allow", "orders-*"}, k...)...)
 	if code != 0 || !strings.HasPrefix(out, "replayed 2, parked 1") {
 		t.Fatalf("replay: exit %d: %q %q", code, out, errOut)
 	}
