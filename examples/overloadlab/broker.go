@@ -40,9 +40,23 @@ type labMsg struct {
 	pub      time.Time
 	deadline time.Time // zero: none
 	crit     backpressure.Criticality
+	// cost is what handling the message costs, declared by the producer
+	// (cost mode); zero means the trial's handler cost.
+	cost time.Duration
 }
 
-const headerLen = 25
+// costOr is m's declared cost, or def when it declares none.
+func (m labMsg) costOr(def time.Duration) time.Duration {
+	if m.cost > 0 {
+		return m.cost
+	}
+	return def
+}
+
+// costHeader carries a message's declared cost in milliseconds.
+const costHeader = "Sluice-Cost"
+
+const headerLen = 33
 
 func (m labMsg) encode(size int) []byte {
 	b := make([]byte, max(size, headerLen))
@@ -54,6 +68,7 @@ func (m labMsg) encode(size int) []byte {
 	}
 	binary.BigEndian.PutUint64(b[16:], uint64(dl))
 	b[24] = byte(m.crit)
+	binary.BigEndian.PutUint64(b[25:], uint64(m.cost))
 	return b
 }
 
@@ -65,6 +80,7 @@ func decode(b []byte) (labMsg, bool) {
 		id:   binary.BigEndian.Uint64(b[0:]),
 		pub:  time.Unix(0, int64(binary.BigEndian.Uint64(b[8:]))),
 		crit: backpressure.Criticality(b[24]),
+		cost: time.Duration(binary.BigEndian.Uint64(b[25:])),
 	}
 	if dl := int64(binary.BigEndian.Uint64(b[16:])); dl != 0 {
 		m.deadline = time.Unix(0, dl)
@@ -77,6 +93,9 @@ func (m labMsg) headers() map[string][]string {
 	if !m.deadline.IsZero() {
 		h[expiry.DefaultHeader] = []string{expiry.FormatDeadline(m.deadline)}
 	}
+	if m.cost > 0 {
+		h[costHeader] = []string{strconv.FormatInt(max(1, m.cost.Milliseconds()), 10)}
+	}
 	return h
 }
 
@@ -86,6 +105,14 @@ func (m labMsg) headers() map[string][]string {
 type limits struct {
 	maxMsgs int
 	dropNew bool
+}
+
+// srcOpts describe the sluice route a Source is made for: its window, and
+// whether the Source gets the lab's tuned options or the defaults.
+type srcOpts struct {
+	messages int
+	bytes    int64
+	tuned    bool
 }
 
 // rawDelivery is one message handed to the unprotected baseline.
@@ -113,7 +140,7 @@ type queue interface {
 	// broker rejected since the last flush.
 	flush(ctx context.Context) int
 	// source returns a sluice Source for a route with the given window.
-	source(ctx context.Context, window int) (consumer.Source, error)
+	source(ctx context.Context, o srcOpts) (consumer.Source, error)
 	// raw starts the unprotected consumer: every message the broker has is
 	// pulled at once and pushed to deliver, without any bound. Stop it with
 	// the returned function.
@@ -370,9 +397,12 @@ func (q *natsQueue) flush(ctx context.Context) int {
 	return int(q.rejected.Swap(0))
 }
 
-func (q *natsQueue) source(ctx context.Context, window int) (consumer.Source, error) {
-	return natsadapter.NewSourceFor(ctx, q.b.js, q.stream, jetstream.ConsumerConfig{Durable: "sluice"}, window,
-		natsadapter.SourceOptions{PollWait: 100 * time.Millisecond, AckAsync: true})
+func (q *natsQueue) source(ctx context.Context, o srcOpts) (consumer.Source, error) {
+	var so natsadapter.SourceOptions
+	if o.tuned {
+		so = natsadapter.SourceOptions{PollWait: 100 * time.Millisecond, AckAsync: true}
+	}
+	return natsadapter.NewSourceFor(ctx, q.b.js, q.stream, jetstream.ConsumerConfig{Durable: "sluice"}, o.messages, so)
 }
 
 func (q *natsQueue) raw(ctx context.Context, deliver func(rawDelivery)) (func(), error) {
@@ -466,7 +496,7 @@ func (q *memQueue) put(ctx context.Context, m labMsg) error {
 
 func (q *memQueue) flush(context.Context) int { return int(q.rejected.Swap(0)) }
 
-func (q *memQueue) source(context.Context, int) (consumer.Source, error) {
+func (q *memQueue) source(context.Context, srcOpts) (consumer.Source, error) {
 	return &countingSource{src: q.src, settled: &q.settled}, nil
 }
 

@@ -2,27 +2,38 @@
 // consumer offered more than it can handle: it runs the same handler (a
 // sleep of -cost per message, so capacity is emulated honestly on a small
 // machine: an I/O-bound handler, not one competing for CPU with the broker)
-// behind two consumers and prints one table row for each per load step.
+// behind four consumers and prints one table row for each per load step.
 //
-//	go run ./examples/overloadlab -out docs/lab          # ~2 min: steps 0.5,1,2,5,10 × capacity
-//	go run ./examples/overloadlab -quick                 # ~20 s smoke run
+//	go run ./examples/overloadlab -out docs/lab          # ~4 min: steps 0.5,1,2,5,10 × capacity
+//	go run ./examples/overloadlab -quick                 # ~40 s smoke run
 //	go run ./examples/overloadlab -mode all -out docs/lab
 //	go run ./examples/overloadlab -broker kafka          # the same on Kafka (kfake)
+//	go run ./examples/overloadlab -mode grid -quick      # the grid's short form (CI)
+//	go run ./examples/overloadlab -mode grid -out docs/lab/grid   # the full grid, ~1 h per broker
 //
-// The unprotected consumer is what a plain client gives: nats.go's
-// jetstream Consume pulling everything the broker has into an unbounded
-// in-process FIFO, no expiry check, the same workers and cost. The sluice
-// consumer is one route with a bounded window (-window, default 2×workers),
-// the message deadline checked at fetch and again before the handler, and a
-// start-by margin (-margin): a message with less than that left before its
-// deadline is settled as expired instead of started, so the handler never
-// runs on work nobody waits for.
+// The four consumers, side by side in every table and plot:
+//
+//   - unprotected: what a plain client gives: nats.go's jetstream Consume
+//     (or a kafka-go Reader) pulling everything the broker has into an
+//     unbounded in-process FIFO, no expiry check, the same workers and cost.
+//   - plain bounded queue: seed 002's protected consumer without sluice: the
+//     same client into a queue of -queue (50) messages that drops an
+//     arrival when full (tail drop, acked) and checks the deadline before
+//     running a message. The best simple alternative, in forty lines.
+//   - sluice minimal: one route with the least configuration the API takes
+//     (Name, Source, Handler, the deadline header, and the numbers the
+//     README's "Use" section shows where the API requires them).
+//   - sluice tuned: one route with the lab's advice: a window of 2×workers
+//     (-window), the deadline checked at fetch and again before the handler,
+//     and a start-by margin (-margin): a message with less than that left
+//     before its deadline is settled instead of started.
 //
 // First the lab measures capacity (the raw consumer draining a backlog
 // without deadlines), then for each step it offers load × capacity msg/s
 // open loop for -step-duration to each consumer in turn, on a fresh stream,
-// and reports goodput (successes within the deadline, finished while the
-// load was offered, per second), p50/p99 latency of successful runs
+// and reports goodput (successes within the deadline that finished after a
+// warm-up, -warmup, and while the load was offered, per second: the steady
+// state), p50/p99 latency of successful runs
 // (publish to done), handler runs started on already-expired messages, runs
 // that finished late or were cut off, messages expired without a run,
 // drops, what was left in the queue, peak in-flight and peak heap (the
@@ -36,7 +47,18 @@
 // CRITICAL; -mode backpressure offers 500 msg/s to a ~150 msg/s consumer
 // through an unbounded stream and through a stream bounded at 100 with a
 // blocking put; -mode isolation measures a critical route's latency while
-// a sheddable route's handler is stuck; -mode all runs everything.
+// a sheddable route's handler is stuck; -mode all runs those four.
+//
+// -mode grid runs every consumer at every load of -grid-loads for every
+// handler (-grid-workers × -grid-costs, each with its measured capacity)
+// and deadline (-grid-deadlines), and writes grid.txt (goodput as % of
+// capacity and p99 per cell, and whether sluice's minimal route meets issue
+// 11's target), grid.csv and grid.png (a heat map per consumer). -quick is
+// its short form. -mode degrade offers 5× and then 0.5× to a handler with a
+// 20 ms full path and a 4 ms degraded one; -mode cpu runs a CPU-bound
+// handler (a calibrated busy loop) at 3× and reports process CPU; -mode
+// cost offers a mix of 1 ms and 100 ms messages that declare their cost in
+// the Sluice-Cost header.
 //
 // -broker nats (default) starts nats-server in a child process of the lab
 // (-nats-in-process embeds it), or uses -nats-url / $NATS_URL (for example

@@ -158,13 +158,16 @@ func (q *kafkaQueue) flush(ctx context.Context) int {
 	return int(n)
 }
 
-func (q *kafkaQueue) source(ctx context.Context, window int) (consumer.Source, error) {
-	src, err := kafkaadapter.NewSource(kafkaadapter.Config{
+func (q *kafkaQueue) source(ctx context.Context, o srcOpts) (consumer.Source, error) {
+	cfg := kafkaadapter.Config{
 		Cluster: &kafkaadapter.Cluster{Brokers: q.b.brokers}, GroupID: q.topic + "-sluice", Topics: []string{q.topic},
-		Window:       kafkaadapter.Window{Messages: window, Bytes: windowBytes(window, q.b.payload)},
-		FetchMaxWait: 20 * time.Millisecond, PollWait: 100 * time.Millisecond,
-		CommitInterval: 200 * time.Millisecond, SessionTimeout: 6 * time.Second, HeartbeatInterval: 500 * time.Millisecond,
-	})
+		Window: kafkaadapter.Window{Messages: o.messages, Bytes: o.bytes},
+	}
+	if o.tuned {
+		cfg.FetchMaxWait, cfg.PollWait, cfg.CommitInterval = 20*time.Millisecond, 100*time.Millisecond, 200*time.Millisecond
+		cfg.SessionTimeout, cfg.HeartbeatInterval = 6*time.Second, 500*time.Millisecond
+	}
+	src, err := kafkaadapter.NewSource(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -218,4 +221,9 @@ func (q *kafkaQueue) close() {
 	if t, ok := q.w.Transport.(*kafka.Transport); ok {
 		t.CloseIdleConnections()
 	}
+	// A long run (the grid) makes hundreds of topics: drop each when its
+	// trial is done, so the broker does not carry them all.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, _ = q.b.client.DeleteTopics(ctx, &kafka.DeleteTopicsRequest{Topics: []string{q.topic}})
 }

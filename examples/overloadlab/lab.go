@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"math/rand/v2"
 	"runtime"
 	"runtime/metrics"
@@ -13,47 +12,74 @@ import (
 
 	"github.com/sluice-go/sluice/backpressure"
 	"github.com/sluice-go/sluice/consumer"
-	"github.com/sluice-go/sluice/expiry"
 	"github.com/sluice-go/sluice/internal/demo"
 )
 
-// kind is which consumer a trial runs.
+// kind is which consumer a trial runs. Every table and plot of the lab puts
+// the four main kinds side by side, in this order.
 type kind int
 
 const (
-	// baseline: the raw client into an unbounded in-process FIFO, no expiry
-	// check, same workers and cost.
-	baseline kind = iota
-	// protected: sluice with a bounded window, expiry checked at fetch and
-	// before the handler, and a start-by margin.
-	protected
+	// unprotected: the raw client into an unbounded in-process FIFO, no
+	// expiry check, the same workers and cost.
+	unprotected kind = iota
+	// boundedQueue: the raw client into a bounded in-process queue
+	// (-queue, 50) that drops an arrival when full (tail drop, acked), and
+	// an expiry check before running: seed 002's "protected" consumer, the
+	// best simple alternative to sluice, in about forty lines.
+	boundedQueue
+	// sluiceMinimal: one sluice route with the least configuration the
+	// API accepts (see minimalRoute).
+	sluiceMinimal
+	// sluiceTuned: one sluice route with the lab's advice (see tunedRoute).
+	sluiceTuned
+	numKinds
 )
 
+var kindNames = [...]string{"unprotected", "plain bounded queue", "sluice minimal", "sluice tuned"}
+
 func (k kind) String() string {
-	if k == baseline {
-		return "unprotected"
+	if k < 0 || k >= numKinds {
+		return "unknown"
 	}
-	return "sluice"
+	return kindNames[k]
 }
 
-// trialSpec is one run of one consumer at one offered rate.
+// allKinds is every consumer, in table order.
+var allKinds = []kind{unprotected, boundedQueue, sluiceMinimal, sluiceTuned}
+
+func (k kind) isSluice() bool { return k == sluiceMinimal || k == sluiceTuned }
+
+// trialSpec is one run of one consumer at one offered load.
 type trialSpec struct {
 	name     string
 	kind     kind
-	rate     float64       // offered msg/s
-	duration time.Duration // how long the producer offers load
+	rate     float64       // offered msg/s (when phases is empty)
+	duration time.Duration // how long the producer offers load (when phases is empty)
+	// phases, when set, replaces rate and duration: the producer offers
+	// each phase's rate for its duration, in order.
+	phases []phase
+	// warmup is the start of the measurement: goodput and latency count
+	// only runs that finish between warmup and the end of the offered load,
+	// so a trial reports its steady state, not the transient while a
+	// backlog builds up.
+	warmup   time.Duration
 	workers  int
-	cost     time.Duration // handler sleep per message
+	cost     time.Duration // handler cost per message (when the message declares none)
 	deadline time.Duration // 0: messages carry no deadline
-	window   int           // sluice MaxInFlight
-	// margin is sluice's start-by margin (Route.ShedNearDeadline): a
-	// message with less than margin left before its deadline is shed when
-	// a worker picks it, not started.
+	window   int           // sluice tuned: MaxInFlight
+	queueCap int           // plain bounded queue: its bound
+	// margin is the tuned route's start-by margin (Route.ShedNearDeadline):
+	// a message with less than margin left before its deadline is shed,
+	// not started.
 	margin time.Duration
 	limits limits // broker-side queue bound
 	// highShare is the fraction of messages published CRITICAL, the rest
 	// SHEDDABLE (0: all CRITICAL).
 	highShare float64
+	// mix, when set, draws each message's declared cost (and class) from
+	// these shares; the handler then runs for the message's cost.
+	mix []mixEntry
 	// drain is how long consumers keep running after the producer stops.
 	drain time.Duration
 	// prefill publishes this many messages before the consumer starts.
@@ -61,8 +87,65 @@ type trialSpec struct {
 	// observer, when set, receives the sluice route's stats (metrics).
 	observer consumer.Observer
 	payload  int // message payload bytes
-	// tune, when set, adjusts the sluice route (queue order, drop policy).
+	// tune, when set, adjusts a sluice route (queue order, drop policy).
 	tune func(*consumer.Route)
+	// work, when set, replaces the handler model (a sleep of the
+	// message's cost); it reports whether it took a degraded path.
+	work work
+	// keepRuns keeps every handler run in the result (result.runs), for
+	// modes that look at more than the summary.
+	keepRuns bool
+}
+
+// phase is one stretch of constant offered load.
+type phase struct {
+	dur  time.Duration
+	rate float64
+}
+
+// mixEntry is one class of a cost mix: share of the messages, each costing cost.
+type mixEntry struct {
+	share float64
+	cost  time.Duration
+}
+
+// work is the handler's model: it spends what m costs (or less, when it
+// takes a degraded path, which it reports).
+type work func(ctx context.Context, m labMsg) (degraded bool, err error)
+
+// sleepWork is the default model: an I/O-like wait of the message's cost.
+func sleepWork(cost time.Duration) work {
+	return func(ctx context.Context, m labMsg) (bool, error) {
+		return false, sleep(ctx, m.costOr(cost))
+	}
+}
+
+func (s trialSpec) total() time.Duration {
+	if len(s.phases) == 0 {
+		return s.duration
+	}
+	var d time.Duration
+	for _, p := range s.phases {
+		d += p.dur
+	}
+	return d
+}
+
+// due is how many messages the producer should have sent el into the trial.
+func (s trialSpec) due(el time.Duration) int {
+	if len(s.phases) == 0 {
+		return int(el.Seconds() * s.rate)
+	}
+	var n float64
+	for _, p := range s.phases {
+		d := min(el, p.dur)
+		n += d.Seconds() * p.rate
+		el -= d
+		if el <= 0 {
+			break
+		}
+	}
+	return int(n)
 }
 
 // result is what one trial measured. Every count is of messages the
@@ -70,67 +153,106 @@ type trialSpec struct {
 type result struct {
 	spec              trialSpec
 	offered, accepted int // publish attempts; accepted by the broker
-	rejected          int // refused by a full queue (tail-drop)
-	good              int // succeeded within the deadline
+	rejected          int // refused by a full queue (broker tail-drop)
+	good              int // succeeded within the deadline (whole trial)
 	late              int // succeeded, or cut off, after the deadline
 	wasted            int // handler runs started on an already-expired message
 	handled           int // handler runs completed successfully
 	expired           int // settled as expired without a handler run
-	shed              int // shed by sluice
+	shed              int // shed by sluice, or dropped by the plain bounded queue
 	headDropped       int // discarded by the broker (head-drop): accepted, never delivered
 	leftover          int // still queued or held when the trial stopped
 	goodByClass       [4]int
 	offeredByClass    [4]int
-	p50, p99          time.Duration // latency (publish to done) of successful runs
-	goodput           float64       // good / duration, msg/s
-	peakInFlight      int           // sluice: window peak; baseline: buffered + running
+	p50, p99          time.Duration // latency (publish to done) of successful runs in the window
+	goodput           float64       // good in the window / window, msg/s
+	peakInFlight      int           // sluice: window peak; others: buffered + running
 	peakHeap          uint64        // bytes, sampled every 10 ms
 	elapsed           time.Duration
+	offeredRate       float64 // what the producer achieved, msg/s
+	runs              []runRec
+	start             time.Time // the producer's start
+	stats             consumerStats
 }
 
-// recorder collects handler-side measurements; both consumers use it.
+// runRec is one handler run.
+type runRec struct {
+	pub, start, end time.Time
+	cost            time.Duration // the message's declared cost, 0 if none
+	crit            backpressure.Criticality
+	ok              bool // the handler returned nil
+	onTime          bool // ok and finished by the deadline
+	wasted          bool // started after the deadline
+	degraded        bool // took the degraded path
+}
+
+func (r runRec) latency() time.Duration { return r.end.Sub(r.pub) }
+
+// recorder collects handler-side measurements; every consumer uses it.
 type recorder struct {
-	mu      sync.Mutex
-	lat     []time.Duration
-	good    int
-	late    int
-	wasted  int
-	handled int
-	byClass [4]int
-	waits   []time.Duration // publish to handler start, in start order
-	// until, when set, is the end of the offered-load window: goodput
-	// counts only successes finished by then (the drain after it lets
-	// queued work finish but is not part of the rate).
-	until      time.Time
-	goodWindow int
+	mu   sync.Mutex
+	runs []runRec
 }
 
 // run is called once per handler run with its start and end; ok is false
-// when the run was cut off (its context ended).
-func (r *recorder) run(m labMsg, start, end time.Time, ok bool) {
+// when the run failed or was cut off (its context ended).
+func (r *recorder) run(m labMsg, start, end time.Time, ok, degraded bool) {
+	rec := runRec{pub: m.pub, start: start, end: end, cost: m.cost, crit: m.crit, ok: ok, degraded: degraded}
+	rec.wasted = !m.deadline.IsZero() && !start.Before(m.deadline)
+	rec.onTime = ok && (m.deadline.IsZero() || !end.After(m.deadline))
+	r.mu.Lock()
+	r.runs = append(r.runs, rec)
+	r.mu.Unlock()
+}
+
+func (r *recorder) snapshot() []runRec {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.waits = append(r.waits, start.Sub(m.pub))
-	if !m.deadline.IsZero() && !start.Before(m.deadline) {
-		r.wasted++
-	}
-	if !ok {
-		r.late++
-		return
-	}
-	r.handled++
-	r.lat = append(r.lat, end.Sub(m.pub))
-	if m.deadline.IsZero() || !end.After(m.deadline) {
-		r.good++
-		if r.until.IsZero() || !end.After(r.until) {
-			r.goodWindow++
+	return slices.Clone(r.runs)
+}
+
+// window is a span of runs' end times, [from, until).
+type window struct{ from, until time.Time }
+
+func (w window) has(t time.Time) bool { return !t.Before(w.from) && t.Before(w.until) }
+func (w window) secs() float64        { return w.until.Sub(w.from).Seconds() }
+
+// summary is what a set of runs shows over a window.
+type summary struct {
+	good, late, wasted, handled, degraded int
+	units                                 time.Duration // cost of the runs on time (cost mode)
+	p50, p99                              time.Duration
+	lat                                   []time.Duration // of ok runs
+}
+
+// summarize the runs ending in w that keep(r) selects (nil: all).
+func summarize(runs []runRec, w window, keep func(runRec) bool) summary {
+	var s summary
+	for _, r := range runs {
+		if !w.has(r.end) || keep != nil && !keep(r) {
+			continue
 		}
-		if m.crit.Valid() {
-			r.byClass[m.crit]++
+		if r.wasted {
+			s.wasted++
 		}
-	} else {
-		r.late++
+		if r.degraded {
+			s.degraded++
+		}
+		if !r.ok {
+			s.late++
+			continue
+		}
+		s.handled++
+		s.lat = append(s.lat, r.latency())
+		if r.onTime {
+			s.good++
+			s.units += r.cost
+		} else {
+			s.late++
+		}
 	}
+	s.p50, s.p99 = percentile(s.lat, 0.50), percentile(s.lat, 0.99)
+	return s
 }
 
 // sleep is the handler's cost: an I/O-like wait, so a 2-core machine can
@@ -179,10 +301,13 @@ func (h *heapSampler) finish() uint64 {
 	return h.peak.Load()
 }
 
-// runTrial runs one consumer against a fresh queue at spec.rate for
-// spec.duration, then lets it drain for spec.drain, and measures.
+// runTrial runs one consumer against a fresh queue at the spec's offered
+// load, then lets it drain for spec.drain, and measures.
 func runTrial(ctx context.Context, b broker, spec trialSpec) (result, error) {
 	res := result{spec: spec}
+	if spec.work == nil {
+		spec.work = sleepWork(spec.cost)
+	}
 	q, err := b.queue(ctx, spec.name, spec.limits)
 	if err != nil {
 		return res, err
@@ -202,6 +327,9 @@ func runTrial(ctx context.Context, b broker, spec trialSpec) (result, error) {
 		if spec.deadline > 0 {
 			m.deadline = now.Add(spec.deadline)
 		}
+		if len(spec.mix) > 0 {
+			m.cost = drawCost(spec.mix)
+		}
 		res.offered++
 		res.offeredByClass[m.crit]++
 		if err := q.publish(ctx, m); err != nil {
@@ -214,13 +342,7 @@ func runTrial(ctx context.Context, b broker, spec trialSpec) (result, error) {
 	res.rejected += q.flush(ctx)
 
 	heap := startHeapSampler()
-	var stopConsumer func() (consumerStats, error)
-	switch spec.kind {
-	case baseline:
-		stopConsumer, err = startBaseline(ctx, q, spec, rec)
-	default:
-		stopConsumer, err = startSluice(ctx, q, spec, rec)
-	}
+	stopConsumer, err := startConsumer(ctx, q, spec, rec)
 	if err != nil {
 		heap.finish()
 		return res, err
@@ -228,47 +350,57 @@ func runTrial(ctx context.Context, b broker, spec trialSpec) (result, error) {
 
 	// Open-loop producer: it sends on schedule whatever the consumer does.
 	start := time.Now()
-	rec.mu.Lock()
-	rec.until = start.Add(spec.duration)
-	rec.mu.Unlock()
+	res.start = start
+	total := spec.total()
 	tick := time.NewTicker(time.Millisecond)
 	for {
 		now := <-tick.C
 		el := now.Sub(start)
-		if el >= spec.duration {
+		if el >= total || ctx.Err() != nil {
 			break
 		}
-		due := int(el.Seconds() * spec.rate)
+		due := spec.due(el)
 		for res.offered-spec.prefill < due {
 			pubOne(time.Now())
 		}
 	}
 	tick.Stop()
+	res.offeredRate = float64(res.offered-spec.prefill) / time.Since(start).Seconds()
 	res.rejected += q.flush(ctx)
 	res.accepted = res.offered - res.rejected
 
 	// Past deadline+drain nothing published in the trial can still count
 	// as goodput.
-	drainT := time.NewTimer(spec.drain)
-	select {
-	case <-drainT.C:
-	case <-ctx.Done():
-		drainT.Stop()
+	if spec.drain > 0 {
+		drainT := time.NewTimer(spec.drain)
+		select {
+		case <-drainT.C:
+		case <-ctx.Done():
+			drainT.Stop()
+		}
 	}
 	res.elapsed = time.Since(start)
 	depth, derr := q.depth(ctx)
 	cs, cerr := stopConsumer()
 	res.peakHeap = heap.finish()
+	res.stats = cs
 
-	rec.mu.Lock()
-	res.good, res.late, res.wasted, res.handled = rec.good, rec.late, rec.wasted, rec.handled
-	res.goodByClass = rec.byClass
-	lat := slices.Clone(rec.lat)
-	goodWindow := rec.goodWindow
-	rec.mu.Unlock()
-	res.p50, res.p99 = percentile(lat, 0.50), percentile(lat, 0.99)
-	res.goodput = float64(goodWindow) / spec.duration.Seconds()
+	res.runs = rec.snapshot()
+	all := summarize(res.runs, window{from: time.Time{}, until: start.Add(res.elapsed + time.Hour)}, nil)
+	res.good, res.late, res.wasted, res.handled = all.good, all.late, all.wasted, all.handled
+	for _, r := range res.runs {
+		if r.onTime && r.crit.Valid() {
+			res.goodByClass[r.crit]++
+		}
+	}
+	w := res.measureWindow()
+	in := summarize(res.runs, w, nil)
+	res.p50, res.p99 = in.p50, in.p99
+	res.goodput = float64(in.good) / w.secs()
 	res.expired, res.shed, res.peakInFlight = cs.expired, cs.shed, cs.peakInFlight
+	if !spec.keepRuns {
+		res.runs = nil
+	}
 	if derr == nil {
 		res.leftover = depth
 	}
@@ -280,11 +412,44 @@ func runTrial(ctx context.Context, b broker, spec trialSpec) (result, error) {
 	return res, cerr
 }
 
+// measureWindow is the steady-state part of the offered load.
+func (r result) measureWindow() window {
+	return window{from: r.start.Add(r.spec.warmup), until: r.start.Add(r.spec.total())}
+}
+
+func drawCost(mix []mixEntry) time.Duration {
+	var sum float64
+	for _, e := range mix {
+		sum += e.share
+	}
+	x := rand.Float64() * sum
+	for _, e := range mix {
+		if x < e.share {
+			return e.cost
+		}
+		x -= e.share
+	}
+	return mix[len(mix)-1].cost
+}
+
 type consumerStats struct {
 	fetched, expired, shed, peakInFlight int
 }
 
-// percentile returns the q-quantile of d (nearest rank), 0 for none.
+// startConsumer starts the spec's kind of consumer on q.
+func startConsumer(ctx context.Context, q queue, spec trialSpec, rec *recorder) (func() (consumerStats, error), error) {
+	switch spec.kind {
+	case unprotected:
+		return startUnprotected(ctx, q, spec, rec)
+	case boundedQueue:
+		return startBoundedQueue(ctx, q, spec, rec)
+	default:
+		return startSluice(ctx, q, spec, rec)
+	}
+}
+
+// percentile returns the q-quantile of d (nearest rank), 0 for none. It
+// sorts d.
 func percentile(d []time.Duration, q float64) time.Duration {
 	if len(d) == 0 {
 		return 0
@@ -292,174 +457,4 @@ func percentile(d []time.Duration, q float64) time.Duration {
 	slices.Sort(d)
 	i := int(q*float64(len(d))+0.999999) - 1
 	return d[min(max(i, 0), len(d)-1)]
-}
-
-// fifo is the unprotected baseline's buffer: unbounded, first in first out.
-type fifo struct {
-	mu     sync.Mutex
-	items  []rawDelivery
-	head   int
-	wake   chan struct{}
-	peak   int
-	active int // being handled
-}
-
-func (f *fifo) push(d rawDelivery) {
-	f.mu.Lock()
-	f.items = append(f.items, d)
-	if n := len(f.items) - f.head + f.active; n > f.peak {
-		f.peak = n
-	}
-	f.mu.Unlock()
-	select {
-	case f.wake <- struct{}{}:
-	default:
-	}
-}
-
-func (f *fifo) pop(ctx context.Context) (rawDelivery, bool) {
-	for ctx.Err() == nil {
-		f.mu.Lock()
-		if f.head < len(f.items) {
-			d := f.items[f.head]
-			f.items[f.head] = rawDelivery{}
-			f.head++
-			if f.head > 1024 && f.head*2 > len(f.items) {
-				f.items = append(f.items[:0], f.items[f.head:]...)
-				f.head = 0
-			}
-			f.active++
-			f.mu.Unlock()
-			return d, true
-		}
-		f.mu.Unlock()
-		select {
-		case <-ctx.Done():
-			return rawDelivery{}, false
-		case <-f.wake:
-		}
-	}
-	return rawDelivery{}, false
-}
-
-func (f *fifo) done() {
-	f.mu.Lock()
-	f.active--
-	f.mu.Unlock()
-}
-
-// startBaseline runs the unprotected consumer: the broker's client pulls
-// everything into an unbounded FIFO; workers run every message, expired or
-// not, without a deadline on the handler's context.
-func startBaseline(ctx context.Context, q queue, spec trialSpec, rec *recorder) (func() (consumerStats, error), error) {
-	f := &fifo{wake: make(chan struct{}, spec.workers)}
-	var fetched atomic.Int64
-	stopRaw, err := q.raw(ctx, func(d rawDelivery) {
-		fetched.Add(1)
-		f.push(d)
-	})
-	if err != nil {
-		return nil, err
-	}
-	wctx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	for range spec.workers {
-		wg.Go(func() {
-			for {
-				d, ok := f.pop(wctx)
-				if !ok {
-					return
-				}
-				start := time.Now()
-				err := sleep(wctx, spec.cost)
-				rec.run(d.msg, start, time.Now(), err == nil)
-				d.ack()
-				f.done()
-			}
-		})
-	}
-	return func() (consumerStats, error) {
-		stopRaw()
-		cancel()
-		wg.Wait()
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		return consumerStats{fetched: int(fetched.Load()), peakInFlight: f.peak}, nil
-	}, nil
-}
-
-// startSluice runs the protected consumer on one sluice route.
-func startSluice(ctx context.Context, q queue, spec trialSpec, rec *recorder) (func() (consumerStats, error), error) {
-	src, err := q.source(ctx, spec.window)
-	if err != nil {
-		return nil, err
-	}
-	route := consumer.Route{
-		Name: spec.name, Source: src, Criticality: backpressure.CriticalPlus,
-		Workers: spec.workers, MaxInFlight: spec.window, MaxInFlightBytes: windowBytes(spec.window, spec.payload),
-		MinFetch: max(1, spec.workers/2),
-		Retry:    consumer.RetryPolicy{MaxAttempts: 1},
-		Handler: func(hctx context.Context, m *consumer.Message) error {
-			lm, ok := decode(m.Value)
-			if !ok {
-				return consumer.Permanent(errors.New("undecodable"))
-			}
-			start := time.Now()
-			err := sleep(hctx, spec.cost)
-			rec.run(lm, start, time.Now(), err == nil)
-			return err
-		},
-	}
-	opts := consumer.Options{ShutdownGrace: time.Second, Observer: spec.observer}
-	if spec.deadline > 0 {
-		route.Expiry = expiry.Policy{UseHeader: true}
-		route.OnExpired = consumer.ExpiredAck
-		// Start-by margin: a worker sheds (drops, acked) a message with
-		// less than margin left instead of starting work that would most
-		// likely finish late.
-		route.ShedNearDeadline = spec.margin
-		route.OnShed = consumer.ShedAck
-	}
-	if spec.tune != nil {
-		spec.tune(&route)
-	}
-	c, err := consumer.New(opts, route)
-	if err != nil {
-		return nil, err
-	}
-	rctx, cancel := context.WithCancel(ctx)
-	errc := make(chan error, 1)
-	go func() { errc <- c.Run(rctx) }()
-	return func() (consumerStats, error) {
-		cancel()
-		err := <-errc
-		if errors.Is(err, consumer.ErrStuckHandlers) {
-			err = nil // their messages were returned; the trial's figures stand
-		}
-		if closer, ok := src.(interface{ Close() error }); ok {
-			_ = closer.Close()
-		}
-		s := c.Stats()[0]
-		cut := rec.cutCount()
-		return consumerStats{
-			fetched:      int(s.Fetched),
-			expired:      max(0, int(s.Settled[consumer.OutcomeExpired])-cut),
-			shed:         int(s.Settled[consumer.OutcomeShed]),
-			peakInFlight: s.PeakInFlight,
-		}, err
-	}, nil
-}
-
-// windowBytes is a route's byte window for n messages of payload bytes:
-// room for headers and slack, so the message count is the binding limit.
-func windowBytes(n, payload int) int64 {
-	return int64(n) * int64(max(4<<10, 2*(payload+512)))
-}
-
-// cutCount is the number of runs cut off by their deadline (the consumer
-// settles those as expired too).
-func (r *recorder) cutCount() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.late - (r.handled - r.good)
 }

@@ -10,19 +10,53 @@ import (
 func TestRecorderClassifiesRuns(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	m := labMsg{pub: t0, deadline: t0.Add(100 * time.Millisecond), crit: backpressure.Critical}
-	r := &recorder{until: t0.Add(time.Second)}
-	r.run(m, t0.Add(10*time.Millisecond), t0.Add(30*time.Millisecond), true)   // on time
-	r.run(m, t0.Add(90*time.Millisecond), t0.Add(110*time.Millisecond), true)  // late
-	r.run(m, t0.Add(100*time.Millisecond), t0.Add(120*time.Millisecond), true) // started expired
-	r.run(m, t0.Add(95*time.Millisecond), t0.Add(100*time.Millisecond), false) // cut off
-	if r.good != 1 || r.goodWindow != 1 || r.late != 3 || r.wasted != 1 || r.handled != 3 {
-		t.Fatalf("good %d window %d late %d wasted %d handled %d", r.good, r.goodWindow, r.late, r.wasted, r.handled)
+	r := &recorder{}
+	r.run(m, t0.Add(10*time.Millisecond), t0.Add(30*time.Millisecond), true, false)   // on time
+	r.run(m, t0.Add(90*time.Millisecond), t0.Add(110*time.Millisecond), true, false)  // late
+	r.run(m, t0.Add(100*time.Millisecond), t0.Add(120*time.Millisecond), true, true)  // started expired
+	r.run(m, t0.Add(95*time.Millisecond), t0.Add(100*time.Millisecond), false, false) // cut off
+	all := summarize(r.snapshot(), window{from: t0, until: t0.Add(time.Second)}, nil)
+	if all.good != 1 || all.late != 3 || all.wasted != 1 || all.handled != 3 || all.degraded != 1 {
+		t.Fatalf("all: %+v", all)
 	}
-	if r.byClass[backpressure.Critical] != 1 {
-		t.Fatalf("by class %v", r.byClass)
+	if all.p50 != 110*time.Millisecond || all.p99 != 120*time.Millisecond {
+		t.Fatalf("p50 %v p99 %v", all.p50, all.p99)
+	}
+	// Only runs ending inside the window count.
+	early := summarize(r.snapshot(), window{from: t0, until: t0.Add(105 * time.Millisecond)}, nil)
+	if early.good != 1 || early.late != 1 || early.handled != 1 {
+		t.Fatalf("early window: %+v", early)
 	}
 	if got := r.cutCount(); got != 1 {
 		t.Fatalf("cut %d, want 1", got)
+	}
+}
+
+func TestPhasesDue(t *testing.T) {
+	s := trialSpec{phases: []phase{{time.Second, 100}, {2 * time.Second, 10}}}
+	for _, c := range []struct {
+		el   time.Duration
+		want int
+	}{{0, 0}, {500 * time.Millisecond, 50}, {time.Second, 100}, {2 * time.Second, 110}, {10 * time.Second, 120}} {
+		if got := s.due(c.el); got != c.want {
+			t.Errorf("due(%v) = %d, want %d", c.el, got, c.want)
+		}
+	}
+	if s.total() != 3*time.Second {
+		t.Errorf("total %v", s.total())
+	}
+}
+
+func TestTunedMargin(t *testing.T) {
+	for _, c := range []struct{ cost, deadline, want time.Duration }{
+		{20 * time.Millisecond, 500 * time.Millisecond, 100 * time.Millisecond}, // deadline/5
+		{50 * time.Millisecond, 500 * time.Millisecond, 100 * time.Millisecond}, // 2×cost
+		{50 * time.Millisecond, 100 * time.Millisecond, 50 * time.Millisecond},  // capped at deadline − cost
+		{2 * time.Millisecond, 100 * time.Millisecond, 20 * time.Millisecond},
+	} {
+		if got := tunedMargin(c.cost, c.deadline); got != c.want {
+			t.Errorf("tunedMargin(%v, %v) = %v, want %v", c.cost, c.deadline, got, c.want)
+		}
 	}
 }
 
@@ -58,8 +92,15 @@ func TestParseFlagsDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.window != 8 || c.margin != 100*time.Millisecond || len(c.steps) != 5 {
-		t.Fatalf("window %d margin %v steps %v", c.window, c.margin, c.steps)
+	if c.windowFor(c.workers) != 8 || c.marginFor(c.cost, c.deadline) != 100*time.Millisecond || len(c.steps) != 5 || len(c.kinds) != 4 {
+		t.Fatalf("window %d margin %v steps %v kinds %v", c.windowFor(c.workers), c.marginFor(c.cost, c.deadline), c.steps, c.kinds)
+	}
+	if _, err := parseFlags([]string{"-consumers", "minimal,nope"}, nil); err == nil {
+		t.Fatal("bad consumer accepted")
+	}
+	g, err := parseFlags([]string{"-mode", "grid", "-quick"}, nil)
+	if err != nil || len(g.grid.costList) != 1 || len(g.grid.loadList) != 2 || g.grid.measure != time.Second {
+		t.Fatalf("quick grid: %v %+v", err, g.grid)
 	}
 	if _, err := parseFlags([]string{"-steps", "1,x"}, nil); err == nil {
 		t.Fatal("bad steps accepted")

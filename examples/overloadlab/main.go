@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -54,9 +55,12 @@ type config struct {
 	deadline time.Duration
 	steps    []float64
 	stepDur  time.Duration
+	warmup   time.Duration // -1: auto
 	window   int
-	margin   time.Duration
-	capacity float64 // msg/s; 0 measures it
+	margin   time.Duration // 0: tunedMargin per handler cost and deadline
+	queueCap int           // the plain bounded queue's bound
+	kinds    []kind        // the consumers each step and grid cell runs
+	capacity float64       // msg/s; 0 measures it
 	capDur   time.Duration
 	payload  int
 
@@ -76,13 +80,39 @@ type config struct {
 
 	metricsAddr string
 	observer    consumer.Observer // set by runLab when metricsAddr is
+	quick       bool
+
+	grid    gridConfig
+	degrade degradeConfig
+	cpu     cpuConfig
+	costMix costConfig
+}
+
+// modes lists -mode's values.
+var modes = []string{"steps", "drop", "backpressure", "isolation", "all", "grid", "degrade", "cpu", "cost"}
+
+// parseKinds reads -consumers.
+func parseKinds(s string) ([]kind, error) {
+	names := map[string]kind{"unprotected": unprotected, "bounded": boundedQueue, "minimal": sluiceMinimal, "tuned": sluiceTuned}
+	var out []kind
+	for _, f := range strings.Split(s, ",") {
+		k, ok := names[strings.TrimSpace(f)]
+		if !ok {
+			return nil, fmt.Errorf("bad -consumers value %q (unprotected, bounded, minimal, tuned)", f)
+		}
+		if !slices.Contains(out, k) {
+			out = append(out, k)
+		}
+	}
+	slices.Sort(out)
+	return out, nil
 }
 
 func parseFlags(args []string, stderr io.Writer) (config, error) {
 	var c config
 	fs := flag.NewFlagSet("overloadlab", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&c.mode, "mode", "steps", "what to run: steps, drop, backpressure, isolation or all")
+	fs.StringVar(&c.mode, "mode", "steps", "what to run: steps, drop, backpressure, isolation, all (those four), grid, degrade, cpu or cost")
 	fs.StringVar(&c.broker, "broker", "nats", "nats (embedded nats-server unless -nats-url or $NATS_URL), memory (no broker round trip), kafka (not wired yet)")
 	fs.StringVar(&c.natsURL, "nats-url", os.Getenv("NATS_URL"), "external NATS server with JetStream, e.g. nats://127.0.0.1:4222 from docker-compose; empty starts an embedded one")
 	fs.BoolVar(&c.inProc, "nats-in-process", false, "run the embedded nats-server in this process (its heap then counts in peak heap) instead of a child process")
@@ -92,8 +122,11 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&c.deadline, "deadline", 500*time.Millisecond, "each message's deadline after its publish time")
 	steps := fs.String("steps", "0.5,1,2,5,10", "offered load steps, × measured capacity")
 	fs.DurationVar(&c.stepDur, "step-duration", 8*time.Second, "how long each consumer is offered each step")
-	fs.IntVar(&c.window, "window", 0, "sluice MaxInFlight; 0 means 2×workers")
-	fs.DurationVar(&c.margin, "margin", 0, "sluice start-by margin: a message with less than this left before its deadline is dropped, not started; 0 means max(2×cost, deadline/5), negative disables")
+	fs.DurationVar(&c.warmup, "warmup", -1, "start of the measurement in each trial (steady state only); negative means min(deadline + 1s, half the trial)")
+	fs.IntVar(&c.window, "window", 0, "tuned sluice route's MaxInFlight; 0 means 2×workers")
+	fs.DurationVar(&c.margin, "margin", 0, "tuned sluice route's start-by margin: a message with less than this left before its deadline is dropped, not started; 0 means max(2×cost, deadline/5) capped at deadline − cost, negative disables")
+	fs.IntVar(&c.queueCap, "queue", 50, "the plain bounded queue's bound (messages)")
+	consumers := fs.String("consumers", "unprotected,bounded,minimal,tuned", "the consumers to compare: unprotected, bounded (plain client + bounded queue + expiry check), minimal (sluice, least configuration), tuned (sluice, the lab's advice)")
 	fs.Float64Var(&c.capacity, "capacity", 0, "capacity in msg/s; 0 measures it first")
 	fs.DurationVar(&c.capDur, "capacity-duration", 3*time.Second, "how long the capacity measurement runs")
 	fs.IntVar(&c.payload, "payload", 256, "message payload bytes")
@@ -109,13 +142,15 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&c.isoRounds, "iso-rounds", 3, "isolation mode: interleaved rounds of each phase (the median round is reported)")
 	fs.DurationVar(&c.isoDur, "iso-duration", 4*time.Second, "isolation mode: how long each round offers load")
 	fs.StringVar(&c.metricsAddr, "metrics-addr", os.Getenv("METRICS_ADDR"), "serve sluice's Prometheus metrics on this address (docker-compose scrapes 0.0.0.0:9465); empty serves none")
-	quick := fs.Bool("quick", false, "a ~20 s smoke run: steps 1,2,10 of 2 s, shorter capacity, drop and backpressure modes")
+	quick := fs.Bool("quick", false, "a short run: steps 1,2,10 of 2 s, shorter capacity, drop and backpressure modes; the grid's short form")
+	c.addModeFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	c.quick = *quick
 	if *quick {
-		set := map[string]bool{}
-		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 		if !set["steps"] {
 			*steps = "1,2,10"
 		}
@@ -147,21 +182,21 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		return c, errors.New("-workers must be > 0")
 	case c.cost <= 0 || c.deadline <= 0 || c.stepDur <= 0 || c.capDur <= 0:
 		return c, errors.New("-cost, -deadline, -step-duration and -capacity-duration must be > 0")
-	case c.mode != "steps" && c.mode != "drop" && c.mode != "backpressure" && c.mode != "isolation" && c.mode != "all":
+	case !slices.Contains(modes, c.mode):
 		return c, fmt.Errorf("unknown -mode %q", c.mode)
+	case c.queueCap <= 0:
+		return c, errors.New("-queue must be > 0")
 	case c.isoLoad <= 0 || c.isoRounds <= 0 || c.isoDur <= 0:
 		return c, errors.New("-iso-load, -iso-rounds and -iso-duration must be > 0")
 	case c.bpRate <= 0 || c.bpWorkers <= 0 || c.bpCost <= 0 || c.bpQueue <= 0 || c.dropQueue <= 0 || c.dropLoad <= 0 || c.dropHigh <= 0 || c.dropHigh >= 1:
 		return c, errors.New("-bp-*, -drop-queue and -drop-load must be > 0, -drop-critical in (0, 1)")
 	}
-	if c.window == 0 {
-		c.window = 2 * c.workers
+	var err error
+	if c.kinds, err = parseKinds(*consumers); err != nil {
+		return c, err
 	}
-	if c.margin == 0 {
-		c.margin = max(2*c.cost, c.deadline/5)
-	}
-	if c.margin < 0 {
-		c.margin = 0
+	if err := c.parseModeFlags(set); err != nil {
+		return c, err
 	}
 	return c, nil
 }
@@ -173,11 +208,28 @@ type report struct {
 	drop     []dropRow
 	bp       []bpRow
 	iso      []isoRow
+	grid     []gridCell
+	degrade  []degradeRow
+	cpu      []cpuRow
+	cost     []costRow
 }
 
 type stepResult struct {
-	load             float64
-	base, withSluice result
+	load float64
+	res  []result // one per cfg.kinds
+}
+
+// of returns the step's result for consumer k, if it ran.
+func (s stepResult) of(k kind) (result, bool) { return resultOf(s.res, k) }
+
+// resultOf returns consumer k's result among res, if it ran.
+func resultOf(res []result, k kind) (result, bool) {
+	for _, r := range res {
+		if r.spec.kind == k {
+			return r, true
+		}
+	}
+	return result{}, false
 }
 
 // runLab runs cfg.mode and prints the tables to w (and to cfg.out).
@@ -200,8 +252,11 @@ func runLab(ctx context.Context, cfg config, w io.Writer) (*report, error) {
 		defer stop()
 	}
 	rep := &report{capacity: cfg.capacity}
-	fmt.Fprintf(w, "overloadlab: broker %s, %d workers × %v sleep, deadline %v, sluice window %d, start-by margin %v\n",
-		b.name(), cfg.workers, cfg.cost, cfg.deadline, cfg.window, cfg.margin)
+	if cfg.mode == "grid" || cfg.mode == "degrade" || cfg.mode == "cpu" || cfg.mode == "cost" {
+		return rep, runOwnMode(ctx, b, cfg, rep, w)
+	}
+	fmt.Fprintf(w, "overloadlab: broker %s, %d workers × %v sleep, deadline %v; plain bounded queue %d; sluice minimal window %d; sluice tuned window %d, start-by margin %v\n",
+		b.name(), cfg.workers, cfg.cost, cfg.deadline, cfg.queueCap, minimalWindow, cfg.windowFor(cfg.workers), cfg.marginFor(cfg.cost, cfg.deadline))
 	needCap := cfg.mode != "backpressure"
 	if needCap && rep.capacity == 0 {
 		c, err := measureCapacity(ctx, b, cfg)
@@ -211,14 +266,7 @@ func runLab(ctx context.Context, cfg config, w io.Writer) (*report, error) {
 		rep.capacity = c
 		fmt.Fprintf(w, "measured capacity: %.0f msg/s (nominal %.0f)\n", c, float64(cfg.workers)/cfg.cost.Seconds())
 	}
-	emit := func(file, text string) error {
-		fmt.Fprintln(w)
-		fmt.Fprint(w, text)
-		if cfg.out == "" {
-			return nil
-		}
-		return os.WriteFile(filepath.Join(cfg.out, file), []byte(text), 0o644)
-	}
+	emit := cfg.emitter(w)
 	if cfg.mode == "steps" || cfg.mode == "all" {
 		if err := runSteps(ctx, b, cfg, rep); err != nil {
 			return rep, err
@@ -260,11 +308,51 @@ func runLab(ctx context.Context, cfg config, w io.Writer) (*report, error) {
 	return rep, nil
 }
 
+// emitter returns a function that prints a table to w and writes it to
+// cfg.out/file.
+func (c config) emitter(w io.Writer) func(file, text string) error {
+	return func(file, text string) error {
+		fmt.Fprintln(w)
+		fmt.Fprint(w, text)
+		if c.out == "" {
+			return nil
+		}
+		return os.WriteFile(filepath.Join(c.out, file), []byte(text), 0o644)
+	}
+}
+
+// windowFor is the tuned route's window for workers.
+func (c config) windowFor(workers int) int {
+	if c.window > 0 {
+		return c.window
+	}
+	return 2 * workers
+}
+
+// marginFor is the tuned route's start-by margin for a handler cost and deadline.
+func (c config) marginFor(cost, deadline time.Duration) time.Duration {
+	switch {
+	case c.margin < 0 || deadline == 0:
+		return 0
+	case c.margin > 0:
+		return c.margin
+	}
+	return tunedMargin(cost, deadline)
+}
+
+// warmupFor is where a trial of dur with deadline starts measuring.
+func (c config) warmupFor(deadline, dur time.Duration) time.Duration {
+	if c.warmup >= 0 {
+		return min(c.warmup, dur/2)
+	}
+	return min(deadline+time.Second, dur/2)
+}
+
 func (c config) spec(name string, k kind, rate float64) trialSpec {
 	return trialSpec{
-		name: name, kind: k, rate: rate, duration: c.stepDur,
-		workers: c.workers, cost: c.cost, deadline: c.deadline,
-		window: c.window, margin: c.margin, observer: c.observer, payload: c.payload,
+		name: name, kind: k, rate: rate, duration: c.stepDur, warmup: c.warmupFor(c.deadline, c.stepDur),
+		workers: c.workers, cost: c.cost, deadline: c.deadline, queueCap: c.queueCap,
+		window: c.windowFor(c.workers), margin: c.marginFor(c.cost, c.deadline), observer: c.observer, payload: c.payload,
 		drain: c.deadline + c.cost + 100*time.Millisecond,
 	}
 }
@@ -290,20 +378,30 @@ func serveMetrics(cfg *config, w io.Writer) (stop func(), err error) {
 }
 
 // measureCapacity drains a prefilled backlog without deadlines through the
-// raw consumer and returns its rate.
+// unprotected consumer and returns its rate.
 func measureCapacity(ctx context.Context, b broker, cfg config) (float64, error) {
-	nominal := float64(cfg.workers) / cfg.cost.Seconds()
-	s := cfg.spec("capacity", baseline, 0)
-	s.deadline = 0
-	s.duration = cfg.capDur
-	s.drain = 0
+	return capacityOf(ctx, b, cfg, "capacity", cfg.workers, cfg.cost)
+}
+
+// capacityOf measures the capacity of workers × cost (see measureCapacity).
+func capacityOf(ctx context.Context, b broker, cfg config, name string, workers int, cost time.Duration) (float64, error) {
+	return capacityWith(ctx, b, cfg, name, workers, cost, nil)
+}
+
+// capacityWith measures the capacity of workers running wk (nil: a sleep of
+// cost) with the unprotected consumer draining a backlog without deadlines.
+func capacityWith(ctx context.Context, b broker, cfg config, name string, workers int, cost time.Duration, wk work) (float64, error) {
+	cfg.workers, cfg.cost = workers, cost
+	nominal := float64(workers) / cost.Seconds()
+	s := cfg.spec(name, unprotected, 0)
+	s.deadline, s.duration, s.warmup, s.drain, s.work = 0, cfg.capDur, 0, 0, wk
 	s.prefill = int(nominal*cfg.capDur.Seconds()*1.5) + 100
 	r, err := runTrial(ctx, b, s)
 	if err != nil {
 		return 0, err
 	}
 	if r.handled == 0 {
-		return 0, errors.New("no message was handled")
+		return 0, fmt.Errorf("capacity of %d × %v: no message was handled", workers, cost)
 	}
 	return float64(r.handled) / r.elapsed.Seconds(), nil
 }
@@ -312,12 +410,12 @@ func runSteps(ctx context.Context, b broker, cfg config, rep *report) error {
 	for i, load := range cfg.steps {
 		rate := load * rep.capacity
 		sr := stepResult{load: load}
-		var err error
-		if sr.base, err = runTrial(ctx, b, cfg.spec(fmt.Sprintf("s%d_base", i), baseline, rate)); err != nil {
-			return err
-		}
-		if sr.withSluice, err = runTrial(ctx, b, cfg.spec(fmt.Sprintf("s%d_sluice", i), protected, rate)); err != nil {
-			return err
+		for _, k := range cfg.kinds {
+			r, err := runTrial(ctx, b, cfg.spec(fmt.Sprintf("s%d_%d", i, k), k, rate))
+			if err != nil {
+				return fmt.Errorf("%g× %v: %w", load, k, err)
+			}
+			sr.res = append(sr.res, r)
 		}
 		rep.steps = append(rep.steps, sr)
 		if err := ctx.Err(); err != nil {

@@ -58,24 +58,81 @@ func smoke(t *testing.T, broker, steps string) {
 		t.Fatalf("%d steps, want %d", len(rep.steps), len(cfg.steps))
 	}
 	for _, s := range rep.steps {
-		b, p := s.base, s.withSluice
-		if p.goodput <= b.goodput {
-			t.Errorf("%g×: sluice goodput %.0f/s not above the baseline's %.0f/s", s.load, p.goodput, b.goodput)
+		u, _ := s.of(unprotected)
+		b, _ := s.of(boundedQueue)
+		tu, _ := s.of(sluiceTuned)
+		if _, ok := s.of(sluiceMinimal); !ok {
+			t.Errorf("%g×: no sluice minimal row", s.load)
 		}
-		if p.wasted != 0 {
-			t.Errorf("%g×: sluice started %d handler runs on expired messages", s.load, p.wasted)
-		}
-		if b.wasted == 0 {
+		if u.wasted == 0 {
 			t.Errorf("%g×: the unprotected consumer never ran an expired message: the load did not overload it", s.load)
 		}
-		if p.peakInFlight > cfg.window {
-			t.Errorf("%g×: sluice held %d messages, window %d", s.load, p.peakInFlight, cfg.window)
+		for _, r := range []result{b, tu} {
+			if r.goodput <= u.goodput {
+				t.Errorf("%g×: %v goodput %.0f/s not above the unprotected %.0f/s", s.load, r.spec.kind, r.goodput, u.goodput)
+			}
 		}
-		if p.expired+p.shed == 0 {
-			t.Errorf("%g×: sluice neither expired nor shed anything at %g× load", s.load, s.load)
+		if tu.wasted != 0 {
+			t.Errorf("%g×: sluice tuned started %d handler runs on expired messages", s.load, tu.wasted)
+		}
+		if tu.peakInFlight > cfg.windowFor(cfg.workers) {
+			t.Errorf("%g×: sluice tuned held %d messages, window %d", s.load, tu.peakInFlight, cfg.windowFor(cfg.workers))
+		}
+		if b.peakInFlight > cfg.queueCap+cfg.workers {
+			t.Errorf("%g×: the plain bounded queue held %d messages, bound %d + %d workers", s.load, b.peakInFlight, cfg.queueCap, cfg.workers)
+		}
+		if tu.expired+tu.shed == 0 || b.expired+b.shed == 0 {
+			t.Errorf("%g×: tuned dropped %d, bounded queue %d, at %g× load", s.load, tu.expired+tu.shed, b.expired+b.shed, s.load)
 		}
 	}
 	for _, f := range []string{"steps.txt", "steps.png"} {
+		st, err := os.Stat(filepath.Join(out, f))
+		if err != nil || st.Size() == 0 {
+			t.Errorf("%s not written: %v", f, err)
+		}
+	}
+}
+
+// TestGridQuick runs the grid's short form (-mode grid -quick: one handler,
+// one deadline, 1× and 5×) on the embedded NATS server: every consumer
+// gets a cell, the files are written, and at 5× the plain bounded queue and
+// the tuned route beat the unprotected consumer, which runs expired work.
+func TestGridQuick(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the grid's short form for ~20 s")
+	}
+	out := t.TempDir()
+	cfg, err := parseFlags([]string{"-mode", "grid", "-quick", "-capacity-duration", "1s", "-out", out}, os.Stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rep, err := runLab(ctx, cfg, &testWriter{t: t})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.grid) != 2 {
+		t.Fatalf("%d cells, want 2", len(rep.grid))
+	}
+	for _, c := range rep.grid {
+		if len(c.res) != len(allKinds) {
+			t.Fatalf("%g×: %d consumers", c.load, len(c.res))
+		}
+		if c.load < 5 {
+			continue
+		}
+		u, _ := c.of(unprotected)
+		if u.wasted == 0 {
+			t.Errorf("5×: the unprotected consumer ran no expired message")
+		}
+		for _, k := range []kind{boundedQueue, sluiceTuned} {
+			if r, _ := c.of(k); r.goodput <= u.goodput || r.wasted != 0 {
+				t.Errorf("5×: %v goodput %.0f/s (unprotected %.0f/s), %d wasted", k, r.goodput, u.goodput, r.wasted)
+			}
+		}
+	}
+	for _, f := range []string{"grid.txt", "grid.csv", "grid.png"} {
 		st, err := os.Stat(filepath.Join(out, f))
 		if err != nil || st.Size() == 0 {
 			t.Errorf("%s not written: %v", f, err)

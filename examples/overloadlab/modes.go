@@ -22,7 +22,8 @@ type dropRow struct {
 }
 
 // dropPolicies lists the comparison in the order of seed 002's table:
-// the unprotected baseline, then sluice routes whose local queue of
+// the unprotected consumer, the plain bounded queue and sluice's minimal
+// route, then sluice routes whose local queue of
 // fetched-but-not-started messages is bounded at -drop-queue with each drop
 // policy (the window leaves room above it, so the route keeps pulling and
 // the policy decides what is shed), then two bounds the broker itself can
@@ -48,20 +49,23 @@ func dropPolicies(cfg config, rate float64) []struct {
 		}
 	}
 	n := cfg.dropQueue
+	margin := cfg.marginFor(cfg.cost, cfg.deadline)
 	return []struct {
 		policy string
 		spec   trialSpec
 	}{
-		{"unbounded FIFO (unprotected)", mk("d_fifo", baseline, 0, limits{}, nil)},
-		{fmt.Sprintf("tail-drop (queue %d, DropNewest)", n), mk("d_tail", protected, 0, limits{}, queue(consumer.QueueFIFO, consumer.DropNewest))},
-		{fmt.Sprintf("head-drop (queue %d, DropOldest)", n), mk("d_head", protected, 0, limits{}, queue(consumer.QueueFIFO, consumer.DropOldest))},
-		{fmt.Sprintf("LIFO + drop oldest (queue %d)", n), mk("d_lifo", protected, 0, limits{}, queue(consumer.QueueLIFO, consumer.DropOldest))},
-		{fmt.Sprintf("random drop (queue %d)", n), mk("d_random", protected, 0, limits{}, queue(consumer.QueueFIFO, consumer.DropRandom))},
-		{fmt.Sprintf("by criticality (queue %d, DropLowestCriticality)", n), mk("d_crit", protected, 0, limits{}, queue(consumer.QueueFIFO, consumer.DropLowestCriticality))},
-		{fmt.Sprintf("broker tail-drop (stream %d, DiscardNew)", n), mk("d_btail", protected, 0, limits{maxMsgs: n, dropNew: true}, nil)},
-		{fmt.Sprintf("broker head-drop (stream %d, DiscardOld)", n), mk("d_bhead", protected, 0, limits{maxMsgs: n}, nil)},
-		{"sluice window 2×workers, expiry only", mk("d_expiry", protected, 0, limits{}, nil)},
-		{fmt.Sprintf("sluice window 2×workers, expiry + start-by %v", cfg.margin), mk("d_margin", protected, cfg.margin, limits{}, nil)},
+		{"unbounded FIFO (unprotected)", mk("d_fifo", unprotected, 0, limits{}, nil)},
+		{fmt.Sprintf("plain client, bounded queue %d, tail drop + expiry check", cfg.queueCap), mk("d_plain", boundedQueue, 0, limits{}, nil)},
+		{"sluice minimal (window 64, expiry)", mk("d_minimal", sluiceMinimal, 0, limits{}, nil)},
+		{fmt.Sprintf("tail-drop (queue %d, DropNewest)", n), mk("d_tail", sluiceTuned, 0, limits{}, queue(consumer.QueueFIFO, consumer.DropNewest))},
+		{fmt.Sprintf("head-drop (queue %d, DropOldest)", n), mk("d_head", sluiceTuned, 0, limits{}, queue(consumer.QueueFIFO, consumer.DropOldest))},
+		{fmt.Sprintf("LIFO + drop oldest (queue %d)", n), mk("d_lifo", sluiceTuned, 0, limits{}, queue(consumer.QueueLIFO, consumer.DropOldest))},
+		{fmt.Sprintf("random drop (queue %d)", n), mk("d_random", sluiceTuned, 0, limits{}, queue(consumer.QueueFIFO, consumer.DropRandom))},
+		{fmt.Sprintf("by criticality (queue %d, DropLowestCriticality)", n), mk("d_crit", sluiceTuned, 0, limits{}, queue(consumer.QueueFIFO, consumer.DropLowestCriticality))},
+		{fmt.Sprintf("broker tail-drop (stream %d, DiscardNew)", n), mk("d_btail", sluiceTuned, 0, limits{maxMsgs: n, dropNew: true}, nil)},
+		{fmt.Sprintf("broker head-drop (stream %d, DiscardOld)", n), mk("d_bhead", sluiceTuned, 0, limits{maxMsgs: n}, nil)},
+		{"sluice window 2×workers, expiry only", mk("d_expiry", sluiceTuned, 0, limits{}, nil)},
+		{fmt.Sprintf("sluice tuned (window 2×workers, expiry + start-by %v)", margin), mk("d_margin", sluiceTuned, margin, limits{}, nil)},
 	}
 }
 
@@ -122,10 +126,11 @@ func runBackpressure(ctx context.Context, b broker, cfg config, rep *report) err
 
 func bpTrial(ctx context.Context, b broker, cfg config, bounded bool) (bpRow, error) {
 	row := bpRow{queue: "unbounded"}
-	spec := trialSpec{name: "bp_unbounded", kind: baseline, workers: cfg.bpWorkers, cost: cfg.bpCost, window: max(2*cfg.bpWorkers, 4), observer: cfg.observer, payload: cfg.payload}
+	spec := trialSpec{name: "bp_unbounded", kind: unprotected, workers: cfg.bpWorkers, cost: cfg.bpCost, window: max(2*cfg.bpWorkers, 4),
+		observer: cfg.observer, payload: cfg.payload, work: sleepWork(cfg.bpCost)}
 	if bounded {
 		row.queue = fmt.Sprintf("bounded (%d) + blocking put", cfg.bpQueue)
-		spec.name, spec.kind = "bp_bounded", protected
+		spec.name, spec.kind = "bp_bounded", sluiceTuned
 		spec.limits = limits{maxMsgs: cfg.bpQueue, dropNew: true}
 	}
 	q, err := b.queue(ctx, spec.name, spec.limits)
@@ -136,12 +141,7 @@ func bpTrial(ctx context.Context, b broker, cfg config, bounded bool) (bpRow, er
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	rec := &recorder{}
-	var stop func() (consumerStats, error)
-	if bounded {
-		stop, err = startSluice(ctx, q, spec, rec)
-	} else {
-		stop, err = startBaseline(ctx, q, spec, rec)
-	}
+	stop, err := startConsumer(ctx, q, spec, rec)
 	if err != nil {
 		return row, err
 	}
@@ -213,10 +213,13 @@ produce:
 	if _, err := stop(); err != nil && !errors.Is(err, context.Canceled) {
 		return row, err
 	}
-	rec.mu.Lock()
-	waits := slices.Clone(rec.waits)
-	row.consumed = rec.handled
-	rec.mu.Unlock()
+	var waits []time.Duration
+	for _, x := range rec.snapshot() {
+		waits = append(waits, x.start.Sub(x.pub))
+		if x.ok {
+			row.consumed++
+		}
+	}
 	row.consumeRate = float64(row.consumed) / elapsed.Seconds()
 	if len(waits) > 0 {
 		row.maxWait = slices.Max(waits)
@@ -282,12 +285,12 @@ func isoTrial(ctx context.Context, b broker, cfg config, rate float64, stuck boo
 		return row, err
 	}
 	defer reports.close()
-	oSrc, err := orders.source(ctx, cfg.window)
+	oSrc, err := orders.source(ctx, srcOpts{messages: cfg.windowFor(cfg.workers), bytes: windowBytes(cfg.windowFor(cfg.workers), cfg.payload), tuned: true})
 	if err != nil {
 		return row, err
 	}
 	const reportWindow = 4
-	rSrc, err := reports.source(ctx, reportWindow)
+	rSrc, err := reports.source(ctx, srcOpts{messages: reportWindow, bytes: windowBytes(reportWindow, cfg.payload), tuned: true})
 	if err != nil {
 		return row, err
 	}
@@ -295,13 +298,13 @@ func isoTrial(ctx context.Context, b broker, cfg config, rate float64, stuck boo
 	c, err := consumer.New(consumer.Options{ShutdownGrace: 200 * time.Millisecond, Observer: cfg.observer},
 		consumer.Route{
 			Name: "orders_" + tag, Source: oSrc, Criticality: backpressure.Critical,
-			Workers: cfg.workers, MaxInFlight: cfg.window, MaxInFlightBytes: windowBytes(cfg.window, cfg.payload),
+			Workers: cfg.workers, MaxInFlight: cfg.windowFor(cfg.workers), MaxInFlightBytes: windowBytes(cfg.windowFor(cfg.workers), cfg.payload),
 			Expiry: expiry.Policy{UseHeader: true}, Retry: consumer.RetryPolicy{MaxAttempts: 1},
 			Handler: func(hctx context.Context, m *consumer.Message) error {
 				lm, _ := decode(m.Value)
 				start := time.Now()
 				err := sleep(hctx, cfg.cost)
-				rec.run(lm, start, time.Now(), err == nil)
+				rec.run(lm, start, time.Now(), err == nil, false)
 				return err
 			},
 		},
@@ -358,11 +361,8 @@ func isoTrial(ctx context.Context, b broker, cfg config, rate float64, stuck boo
 	if err := <-errc; err != nil && !errors.Is(err, consumer.ErrStuckHandlers) {
 		return row, err
 	}
-	rec.mu.Lock()
-	lat := slices.Clone(rec.lat)
-	row.good = rec.good
-	rec.mu.Unlock()
-	row.p50, row.p99 = percentile(lat, 0.5), percentile(lat, 0.99)
+	all := summarize(rec.snapshot(), window{until: time.Now().Add(time.Hour)}, nil)
+	row.good, row.p50, row.p99 = all.good, all.p50, all.p99
 	return row, nil
 }
 

@@ -66,7 +66,7 @@ func stepsTable(rep *report) string {
 		"wasted (started expired)", "late or cut off", "expired (not run)", "shed or dropped", "left at stop", "peak in-flight", "peak heap"}
 	var rows [][]string
 	for _, s := range rep.steps {
-		for _, r := range []result{s.base, s.withSluice} {
+		for _, r := range s.res {
 			rows = append(rows, []string{
 				fmt.Sprintf("%g×", s.load), rate(float64(r.offered) / r.spec.duration.Seconds()), r.spec.kind.String(),
 				rate(r.goodput), fmt.Sprintf("%.0f%%", 100*r.goodput/rep.capacity), ms(r.p50), ms(r.p99),
@@ -75,7 +75,14 @@ func stepsTable(rep *report) string {
 			})
 		}
 	}
-	return fmt.Sprintf("Offered-load steps (capacity %.0f msg/s)\n\n", rep.capacity) + table(header, rows)
+	return fmt.Sprintf("Offered-load steps (capacity %.0f msg/s; goodput and latency measured after a warm-up of %v)\n\n", rep.capacity, stepWarmup(rep)) + table(header, rows)
+}
+
+func stepWarmup(rep *report) time.Duration {
+	if len(rep.steps) == 0 || len(rep.steps[0].res) == 0 {
+		return 0
+	}
+	return rep.steps[0].res[0].spec.warmup
 }
 
 func dropTable(rep *report, cfg config) string {
@@ -155,17 +162,22 @@ func plotSteps(rep *report, file string) error {
 	lat.X.Label.Text = "offered load, msg/s"
 	lat.Y.Label.Text = "p99, ms"
 	series := []struct {
-		name string
-		get  func(stepResult) result
-		col  color.Color
+		kind   kind
+		name   string
+		col    color.Color
+		dashes []vg.Length
 	}{
-		{"unprotected (unbounded FIFO)", func(s stepResult) result { return s.base }, color.RGBA{R: 200, A: 255}},
-		{"sluice (window + expiry + start-by margin)", func(s stepResult) result { return s.withSluice }, color.RGBA{B: 200, G: 90, A: 255}},
+		{unprotected, "unprotected (unbounded FIFO)", color.RGBA{R: 200, A: 255}, nil},
+		{boundedQueue, "plain client, bounded queue + expiry check", color.RGBA{R: 150, G: 150, A: 255}, []vg.Length{vg.Points(6), vg.Points(2)}},
+		{sluiceMinimal, "sluice, minimal route", color.RGBA{G: 150, B: 60, A: 255}, []vg.Length{vg.Points(2), vg.Points(2)}},
+		{sluiceTuned, "sluice, tuned route", color.RGBA{B: 200, G: 90, A: 255}, nil},
 	}
 	capLine := plotter.XYs{}
 	for _, s := range rep.steps {
-		x := float64(s.base.offered) / s.base.spec.duration.Seconds()
-		capLine = append(capLine, plotter.XY{X: x, Y: rep.capacity})
+		if len(s.res) == 0 {
+			continue
+		}
+		capLine = append(capLine, plotter.XY{X: s.load * rep.capacity, Y: rep.capacity})
 	}
 	if len(capLine) > 0 {
 		l, err := plotter.NewLine(capLine)
@@ -180,8 +192,11 @@ func plotSteps(rep *report, file string) error {
 	for _, se := range series {
 		var g, p plotter.XYs
 		for _, s := range rep.steps {
-			r := se.get(s)
-			x := float64(r.offered) / r.spec.duration.Seconds()
+			r, ok := s.of(se.kind)
+			if !ok {
+				continue
+			}
+			x := s.load * rep.capacity
 			g = append(g, plotter.XY{X: x, Y: r.goodput})
 			if r.p99 > 0 {
 				p = append(p, plotter.XY{X: x, Y: float64(r.p99) / float64(time.Millisecond)})
@@ -198,13 +213,13 @@ func plotSteps(rep *report, file string) error {
 			if err != nil {
 				return err
 			}
-			l.Color, pts.Color = se.col, se.col
+			l.Color, pts.Color, l.Dashes = se.col, se.col, se.dashes
 			pair.pl.Add(l, pts)
 			pair.pl.Legend.Add(se.name, l, pts)
 		}
 	}
-	if len(rep.steps) > 0 {
-		dl := rep.steps[0].base.spec.deadline
+	if len(capLine) > 0 {
+		dl := rep.steps[0].res[0].spec.deadline
 		l, err := plotter.NewLine(plotter.XYs{{X: capLine[0].X, Y: float64(dl / time.Millisecond)}, {X: capLine[len(capLine)-1].X, Y: float64(dl / time.Millisecond)}})
 		if err != nil {
 			return err
@@ -239,6 +254,11 @@ func plotSteps(rep *report, file string) error {
 	canvases := plot.Align([][]*plot.Plot{{good}, {lat}}, tiles, dc)
 	good.Draw(canvases[0][0])
 	lat.Draw(canvases[1][0])
+	return writePNG(img, file)
+}
+
+// writePNG writes img to file as PNG.
+func writePNG(img *vgimg.Canvas, file string) error {
 	f, err := os.Create(file)
 	if err != nil {
 		return err

@@ -1,0 +1,132 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"time"
+)
+
+// costConfig is -mode cost (issue 11, section 4): a mix of cheap and dear
+// messages, each declaring its cost (payload and the Sluice-Cost header).
+type costConfig struct {
+	cheap, dear time.Duration
+	cheapShare  float64 // by count
+	load        float64
+	dur         time.Duration
+}
+
+func (c *config) addCostFlags(fs *flag.FlagSet) {
+	p := &c.costMix
+	fs.DurationVar(&p.cheap, "cost-cheap", time.Millisecond, "cost mode: the cheap messages' cost")
+	fs.DurationVar(&p.dear, "cost-dear", 100*time.Millisecond, "cost mode: the dear messages' cost")
+	fs.Float64Var(&p.cheapShare, "cost-cheap-share", 0.9, "cost mode: share of the messages (by count) that are cheap")
+	fs.Float64Var(&p.load, "cost-load", 3, "cost mode: offered load × capacity (in cost units)")
+	fs.DurationVar(&p.dur, "cost-duration", 10*time.Second, "cost mode: how long each consumer is offered the load")
+}
+
+func (c *config) parseCostFlags(set map[string]bool) error {
+	p := &c.costMix
+	if c.quick && !set["cost-duration"] {
+		p.dur = 4 * time.Second
+	}
+	if p.cheap <= 0 || p.dear <= p.cheap || !(p.cheapShare > 0 && p.cheapShare < 1) || p.load <= 0 || p.dur <= 0 {
+		return errors.New("-cost-*: cheap > 0, dear above cheap, share in (0, 1), load and duration > 0")
+	}
+	return nil
+}
+
+func (p costConfig) mix() []mixEntry {
+	return []mixEntry{{p.cheapShare, p.cheap}, {1 - p.cheapShare, p.dear}}
+}
+
+// mean is the mix's mean cost per message.
+func (p costConfig) mean() time.Duration {
+	return time.Duration(p.cheapShare*float64(p.cheap) + (1-p.cheapShare)*float64(p.dear))
+}
+
+// costRow is one consumer in cost mode.
+type costRow struct {
+	kind       kind
+	units      float64 // goodput in cost units: handler-seconds of on-time work per second
+	capUnits   float64 // capacity in the same units
+	count      float64 // goodput, msg/s
+	cheapP50   time.Duration
+	cheapP99   time.Duration
+	dearP99    time.Duration
+	cheapGood  int
+	dearGood   int
+	cheapShare float64 // of the on-time messages, the cheap ones
+	wasted     int
+}
+
+func runCost(ctx context.Context, b broker, cfg config, rep *report, w io.Writer) error {
+	p := cfg.costMix
+	// Capacity in cost units: the workers' handler-seconds per second, as
+	// measured on the mix (the unprotected consumer draining a backlog).
+	capMsgs, capUnits, err := capacityMix(ctx, b, cfg, p)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "overloadlab cost: broker %s, %d workers, %.0f%% × %v + %.0f%% × %v (mean %v), deadline %v; capacity %.0f msg/s = %.2f handler-s/s\n",
+		b.name(), cfg.workers, 100*p.cheapShare, p.cheap, 100*(1-p.cheapShare), p.dear, p.mean(), cfg.deadline, capMsgs, capUnits)
+	for _, k := range cfg.kinds {
+		s := cfg.spec(fmt.Sprintf("cost_%d", k), k, p.load*capMsgs)
+		s.cost, s.duration, s.mix, s.keepRuns, s.drain = p.mean(), p.dur, p.mix(), true, 0
+		s.margin = cfg.marginFor(p.dear, cfg.deadline)
+		s.warmup = min(cfg.deadline+time.Second, p.dur/2)
+		r, err := runTrial(ctx, b, s)
+		if err != nil {
+			return fmt.Errorf("cost %v: %w", k, err)
+		}
+		rep.cost = append(rep.cost, costRowOf(r, p, capUnits))
+	}
+	return cfg.emitter(w)("cost.txt", costTable(rep.cost, cfg))
+}
+
+// capacityMix measures how many messages of the mix the workers handle per
+// second, draining a backlog, and how much cost (handler-seconds) per second.
+func capacityMix(ctx context.Context, b broker, cfg config, p costConfig) (msgs, units float64, err error) {
+	nominal := float64(cfg.workers) / p.mean().Seconds()
+	s := cfg.spec("cost_cap", unprotected, 0)
+	s.cost, s.deadline, s.duration, s.warmup, s.drain, s.mix, s.keepRuns = p.mean(), 0, cfg.capDur, 0, 0, p.mix(), true
+	s.prefill = int(nominal*cfg.capDur.Seconds()*1.5) + 100
+	r, err := runTrial(ctx, b, s)
+	if err != nil {
+		return 0, 0, err
+	}
+	all := summarize(r.runs, window{until: r.start.Add(time.Hour)}, nil)
+	if all.handled == 0 {
+		return 0, 0, errors.New("cost capacity: no message was handled")
+	}
+	return float64(all.handled) / r.elapsed.Seconds(), all.units.Seconds() / r.elapsed.Seconds(), nil
+}
+
+func costRowOf(r result, p costConfig, capUnits float64) costRow {
+	w := r.measureWindow()
+	cheap := summarize(r.runs, w, func(x runRec) bool { return x.cost == p.cheap })
+	dear := summarize(r.runs, w, func(x runRec) bool { return x.cost == p.dear })
+	all := summarize(r.runs, w, nil)
+	row := costRow{kind: r.spec.kind, capUnits: capUnits, count: float64(all.good) / w.secs(),
+		units: all.units.Seconds() / w.secs(), cheapP50: cheap.p50, cheapP99: cheap.p99, dearP99: dear.p99,
+		cheapGood: cheap.good, dearGood: dear.good, wasted: r.wasted}
+	if all.good > 0 {
+		row.cheapShare = float64(cheap.good) / float64(all.good)
+	}
+	return row
+}
+
+func costTable(rows []costRow, cfg config) string {
+	p := cfg.costMix
+	header := []string{"consumer", "goodput (cost units)", "% of capacity", "goodput (messages)", "cheap p50", "cheap p99", "dear p99", "cheap share of successes", "wasted"}
+	var out [][]string
+	for _, r := range rows {
+		out = append(out, []string{r.kind.String(), fmt.Sprintf("%.2f handler-s/s", r.units), fmt.Sprintf("%.0f%%", 100*r.units/r.capUnits),
+			rate(r.count), ms(r.cheapP50), ms(r.cheapP99), ms(r.dearP99), fmt.Sprintf("%.0f%%", 100*r.cheapShare), fmt.Sprint(r.wasted)})
+	}
+	return fmt.Sprintf("Cost mix: %.0f%% of messages cost %v, %.0f%% cost %v, at %g× capacity, %d workers, deadline %v\n"+
+		"(target: cheap p99 < 50 ms and goodput in cost units ≥ 95%% of capacity)\n\n",
+		100*p.cheapShare, p.cheap, 100*(1-p.cheapShare), p.dear, p.load, cfg.workers, cfg.deadline) + table(header, out)
+}

@@ -1,0 +1,157 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"time"
+)
+
+// degradeConfig is -mode degrade (issue 11, section 2): a handler with a
+// full path and a cheaper degraded one, offered a burst of load and then
+// light load.
+type degradeConfig struct {
+	full, cheap time.Duration
+	high, low   float64
+	highDur     time.Duration
+	lowDur      time.Duration
+	fill        float64 // the plain bounded queue degrades at this fill level
+}
+
+func (c *config) addDegradeFlags(fs *flag.FlagSet) {
+	d := &c.degrade
+	fs.DurationVar(&d.full, "degrade-full", 20*time.Millisecond, "degrade mode: the handler's full path")
+	fs.DurationVar(&d.cheap, "degrade-cheap", 4*time.Millisecond, "degrade mode: the handler's degraded path")
+	fs.Float64Var(&d.high, "degrade-high", 5, "degrade mode: offered load of the burst, × full-path capacity")
+	fs.Float64Var(&d.low, "degrade-low", 0.5, "degrade mode: offered load after the burst")
+	fs.DurationVar(&d.highDur, "degrade-high-duration", 10*time.Second, "degrade mode: how long the burst lasts")
+	fs.DurationVar(&d.lowDur, "degrade-low-duration", 6*time.Second, "degrade mode: how long the light load lasts")
+	fs.Float64Var(&d.fill, "degrade-fill", 0.5, "degrade mode: the plain bounded queue's handler takes the cheap path while its queue is at least this full")
+}
+
+func (c *config) parseDegradeFlags(set map[string]bool) error {
+	d := &c.degrade
+	if c.quick {
+		if !set["degrade-high-duration"] {
+			d.highDur = 4 * time.Second
+		}
+		if !set["degrade-low-duration"] {
+			d.lowDur = 3 * time.Second
+		}
+	}
+	if d.full <= 0 || d.cheap <= 0 || d.cheap >= d.full || d.high <= 0 || d.low <= 0 || d.highDur <= 0 || d.lowDur <= 0 || d.fill <= 0 || d.fill > 1 {
+		return errors.New("-degrade-*: paths, loads and durations must be > 0, cheap below full, fill in (0, 1]")
+	}
+	return nil
+}
+
+// sluicePressed reports whether a sluice route's handler should take its
+// degraded path; nil until the core says how pressed a route is.
+var sluicePressed func(ctx context.Context) bool
+
+// pressed reports whether the consumer running a handler with ctx is
+// pressed enough to take the degraded path: the plain bounded queue's
+// handler looks at its queue, a sluice handler at its route's pressure.
+func pressed(ctx context.Context, fill float64) bool {
+	if f, ok := queueFill(ctx); ok {
+		return f >= fill
+	}
+	if sluicePressed != nil {
+		return sluicePressed(ctx)
+	}
+	return false
+}
+
+// degradeWork takes the cheap path when pressed, the full one otherwise.
+func degradeWork(d degradeConfig) work {
+	return func(ctx context.Context, m labMsg) (bool, error) {
+		if pressed(ctx, d.fill) {
+			return true, sleep(ctx, d.cheap)
+		}
+		return false, sleep(ctx, d.full)
+	}
+}
+
+// degradeRow is one consumer in degrade mode.
+type degradeRow struct {
+	kind       kind
+	capacity   float64 // full path
+	highGood   float64 // goodput in the burst's steady state, msg/s
+	highShare  float64 // of the runs in the burst, the degraded ones
+	highP99    time.Duration
+	lowGood    float64
+	lowP99     time.Duration
+	recovery   time.Duration // from the end of the burst to the last degraded start; 0: none
+	lowOffered float64
+	wasted     int
+}
+
+func runDegrade(ctx context.Context, b broker, cfg config, rep *report, w io.Writer) error {
+	d := cfg.degrade
+	capacity, err := capacityOf(ctx, b, cfg, "deg_cap", cfg.workers, d.full)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "overloadlab degrade: broker %s, %d workers, full path %v, degraded %v, deadline %v; full-path capacity %.0f msg/s\n",
+		b.name(), cfg.workers, d.full, d.cheap, cfg.deadline, capacity)
+	for _, k := range cfg.kinds {
+		s := cfg.spec(fmt.Sprintf("deg_%d", k), k, 0)
+		s.cost = d.full
+		s.window, s.margin = cfg.windowFor(cfg.workers), cfg.marginFor(d.full, cfg.deadline)
+		s.phases = []phase{{d.highDur, d.high * capacity}, {d.lowDur, d.low * capacity}}
+		s.work = degradeWork(d)
+		s.keepRuns = true
+		s.drain = 0
+		r, err := runTrial(ctx, b, s)
+		if err != nil {
+			return fmt.Errorf("degrade %v: %w", k, err)
+		}
+		rep.degrade = append(rep.degrade, degradeRowOf(r, capacity, cfg))
+	}
+	return cfg.emitter(w)("degrade.txt", degradeTable(rep.degrade, cfg))
+}
+
+func degradeRowOf(r result, capacity float64, cfg config) degradeRow {
+	d := cfg.degrade
+	row := degradeRow{kind: r.spec.kind, capacity: capacity, wasted: r.wasted, lowOffered: d.low * capacity}
+	drop := r.start.Add(d.highDur)
+	// The burst's steady state: after the deadline and a second, so the
+	// backlog has formed.
+	hw := window{from: r.start.Add(min(cfg.deadline+time.Second, d.highDur/2)), until: drop}
+	hs := summarize(r.runs, hw, nil)
+	row.highGood, row.highP99 = float64(hs.good)/hw.secs(), hs.p99
+	if n := hs.handled + hs.late; n > 0 {
+		row.highShare = float64(hs.degraded) / float64(n)
+	}
+	// After the burst: the last second of light load is its steady state.
+	end := drop.Add(d.lowDur)
+	lw := window{from: end.Add(-min(time.Second, d.lowDur/2)), until: end}
+	ls := summarize(r.runs, lw, nil)
+	row.lowGood, row.lowP99 = float64(ls.good)/lw.secs(), ls.p99
+	for _, x := range r.runs {
+		if x.degraded && x.start.After(drop) && x.start.Sub(drop) > row.recovery {
+			row.recovery = x.start.Sub(drop)
+		}
+	}
+	return row
+}
+
+func degradeTable(rows []degradeRow, cfg config) string {
+	d := cfg.degrade
+	header := []string{"consumer", "burst goodput", "× full-path capacity", "burst runs degraded", "burst p99",
+		"after: goodput", "after: p99", "last degraded run after the drop", "wasted"}
+	var out [][]string
+	for _, r := range rows {
+		rec := "none"
+		if r.recovery > 0 {
+			rec = ms(r.recovery)
+		}
+		out = append(out, []string{r.kind.String(), rate(r.highGood), fmt.Sprintf("%.2f×", r.highGood/r.capacity),
+			fmt.Sprintf("%.0f%%", 100*r.highShare), ms(r.highP99), fmt.Sprintf("%s of %s", rate(r.lowGood), rate(r.lowOffered)), ms(r.lowP99), rec, fmt.Sprint(r.wasted)})
+	}
+	return fmt.Sprintf("Degraded mode: %g× full-path capacity for %v, then %g× for %v; full path %v, degraded path %v, %d workers, deadline %v\n"+
+		"(target: burst goodput ≥ 3× full-path capacity; back to the full path within 2 s of the drop)\n\n",
+		d.high, d.highDur, d.low, d.lowDur, d.full, d.cheap, cfg.workers, cfg.deadline) + table(header, out)
+}

@@ -1,0 +1,115 @@
+package main
+
+import (
+	"math"
+	"strings"
+	"testing"
+	"time"
+)
+
+// runsEvery makes one run every gap from from to until, each of cost (ok,
+// on time), degraded before degradedUntil.
+func runsEvery(from, until time.Time, gap, cost time.Duration, degradedUntil time.Time) []runRec {
+	var out []runRec
+	for t := from; t.Before(until); t = t.Add(gap) {
+		out = append(out, runRec{pub: t, start: t, end: t.Add(cost), cost: cost, ok: true, onTime: true, degraded: t.Before(degradedUntil)})
+	}
+	return out
+}
+
+func TestDegradeRow(t *testing.T) {
+	cfg, err := parseFlags([]string{"-mode", "degrade", "-degrade-high-duration", "4s", "-degrade-low-duration", "3s"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Unix(1000, 0)
+	drop := t0.Add(4 * time.Second)
+	// 600 runs/s during the burst, all degraded; 100/s after, degraded for
+	// the first 700 ms.
+	runs := runsEvery(t0, drop, time.Second/600, 4*time.Millisecond, drop)
+	runs = append(runs, runsEvery(drop, drop.Add(3*time.Second), 10*time.Millisecond, 20*time.Millisecond, drop.Add(700*time.Millisecond))...)
+	r := result{spec: trialSpec{kind: sluiceMinimal}, start: t0, runs: runs}
+	row := degradeRowOf(r, 200, cfg)
+	if math.Abs(row.highGood-600) > 2 || math.Abs(row.highGood/row.capacity-3) > 0.01 {
+		t.Errorf("burst goodput %.1f/s (%.2f× of 200)", row.highGood, row.highGood/row.capacity)
+	}
+	if row.highShare != 1 {
+		t.Errorf("burst degraded share %v", row.highShare)
+	}
+	if row.recovery < 680*time.Millisecond || row.recovery > 700*time.Millisecond {
+		t.Errorf("recovery %v, want the last degraded start ~690 ms after the drop", row.recovery)
+	}
+	if math.Abs(row.lowGood-100) > 2 {
+		t.Errorf("after-burst goodput %.1f/s", row.lowGood)
+	}
+}
+
+func TestCostRow(t *testing.T) {
+	p := costConfig{cheap: time.Millisecond, dear: 100 * time.Millisecond, cheapShare: 0.9}
+	t0 := time.Unix(1000, 0)
+	var runs []runRec
+	// Over 2 s: cheap runs every 10 ms taking 5 ms from publish, dear runs
+	// every 100 ms taking 300 ms.
+	for i := range 200 {
+		pub := t0.Add(time.Duration(i) * 10 * time.Millisecond)
+		runs = append(runs, runRec{pub: pub, start: pub.Add(4 * time.Millisecond), end: pub.Add(5 * time.Millisecond), cost: p.cheap, ok: true, onTime: true})
+	}
+	for i := range 20 {
+		pub := t0.Add(time.Duration(i) * 100 * time.Millisecond)
+		runs = append(runs, runRec{pub: pub, start: pub.Add(200 * time.Millisecond), end: pub.Add(300 * time.Millisecond), cost: p.dear, ok: true, onTime: true})
+	}
+	r := result{spec: trialSpec{kind: sluiceTuned, duration: 3 * time.Second}, start: t0, runs: runs}
+	row := costRowOf(r, p, 2)
+	if row.cheapP99 != 5*time.Millisecond || row.dearP99 != 300*time.Millisecond {
+		t.Errorf("cheap p99 %v, dear p99 %v", row.cheapP99, row.dearP99)
+	}
+	// 200×1 ms + 20×100 ms = 2.2 handler-s in a 3 s window.
+	if math.Abs(row.units-2.2/3) > 1e-9 || row.cheapGood != 200 || row.dearGood != 20 {
+		t.Errorf("units %.3f, cheap %d, dear %d", row.units, row.cheapGood, row.dearGood)
+	}
+}
+
+func TestCPUShare(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	var s []cpuSample
+	// 2 cores: 1 core busy for 2 s, then both for 1 s.
+	for i := range 31 {
+		at := t0.Add(time.Duration(i) * 100 * time.Millisecond)
+		cpu := time.Duration(i) * 100 * time.Millisecond
+		if i > 20 {
+			cpu = 2*time.Second + time.Duration(i-20)*200*time.Millisecond
+		}
+		s = append(s, cpuSample{at: at, cpu: cpu})
+	}
+	mean, peak := cpuShare(s, window{from: t0, until: t0.Add(4 * time.Second)}, 2)
+	if math.Abs(mean-4.0/6) > 1e-9 || math.Abs(peak-1) > 1e-9 {
+		t.Errorf("mean %.3f (want %.3f), peak %.3f (want 1)", mean, 4.0/6, peak)
+	}
+}
+
+func TestGridTargetAndTable(t *testing.T) {
+	mk := func(k kind, good, offered float64, p99 time.Duration, wasted int) result {
+		return result{spec: trialSpec{kind: k}, goodput: good, offeredRate: offered, p99: p99, wasted: wasted}
+	}
+	over := gridCell{workers: 4, cost: 20 * time.Millisecond, deadline: 500 * time.Millisecond, capacity: 200, load: 5}
+	over.res = []result{mk(unprotected, 10, 1000, 3*time.Second, 900), mk(sluiceMinimal, 195, 1000, 420*time.Millisecond, 0)}
+	if over.meets(over.res[0]) || !over.meets(over.res[1]) {
+		t.Error("5×: want unprotected to miss, minimal to meet")
+	}
+	if m := mk(sluiceMinimal, 195, 1000, 501*time.Millisecond, 0); over.meets(m) {
+		t.Error("p99 over the deadline met the target")
+	}
+	if m := mk(sluiceMinimal, 195, 1000, 400*time.Millisecond, 1); over.meets(m) {
+		t.Error("a wasted run met the target")
+	}
+	under := gridCell{workers: 4, cost: 20 * time.Millisecond, deadline: 500 * time.Millisecond, capacity: 200, load: 0.5}
+	if !under.meets(mk(sluiceMinimal, 98, 100, 22*time.Millisecond, 0)) || under.meets(mk(sluiceMinimal, 90, 100, 22*time.Millisecond, 0)) {
+		t.Error("0.5×: goodput against the offered load")
+	}
+	tbl := gridTable([]gridCell{over}, "nats")
+	for _, want := range []string{"| 4×20ms ", "5% · 3000 ms", "98% · 420 ms", "900/0", "met", "meets the target in 1 of 1 cells"} {
+		if !strings.Contains(tbl, want) {
+			t.Errorf("grid table lacks %q:\n%s", want, tbl)
+		}
+	}
+}
