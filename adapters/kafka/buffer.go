@@ -8,21 +8,24 @@ import (
 )
 
 // buffer holds what the Source prefetched and the messages it keeps for an
-// in-process retry, all charged against one byte and message budget. The
-// partition fetchers reserve room before each broker request, so a full
-// buffer stops the pulls; the route's Fetch takes messages out (they are
-// then the window's) and a Nak puts one back.
+// in-process retry, all charged against one byte and message budget (the
+// prefetch). The fetcher reserves room before each broker request and keeps
+// of the response only what fits (admit), so the records held never exceed
+// the budget; the rest of a response is dropped and fetched again later.
+// The route's Fetch takes messages out (they are then the window's),
+// serving the partitions round robin; a Nak puts one back.
 type buffer struct {
 	mu       sync.Mutex
-	ready    []*record
-	head     int
+	active   []*partition // partitions with queued records, served round robin
+	rr       int          // next index into active
 	delayed  recordHeap
-	bytes    int64 // charged by buffered records
+	bytes    int64 // charged by held records
 	reserved int64 // granted to fetches in flight
 	count    int
 	maxBytes int64
 	maxCount int
 	peak     int64
+	peakN    int
 
 	wake  chan struct{} // cap 1: something became ready
 	space chan struct{} // closed (and replaced) when room frees
@@ -45,39 +48,33 @@ func (b *buffer) freed() {
 	b.space = make(chan struct{})
 }
 
-// reserve waits until want bytes fit in the budget (and a message slot is
-// free) and grants them to one broker request.
-func (b *buffer) reserve(ctx context.Context, want int64) error {
+// reserve waits until at least min(want, budget) bytes and one message
+// slot are free, and grants up to want bytes to one broker request.
+func (b *buffer) reserve(ctx context.Context, want int64) (int64, error) {
 	for {
 		b.mu.Lock()
-		if b.bytes+b.reserved+want <= b.maxBytes && b.count < b.maxCount {
-			b.reserved += want
+		free := b.maxBytes - b.bytes - b.reserved
+		if free >= min(want, b.maxBytes) && b.count < b.maxCount {
+			grant := min(free, want)
+			b.reserved += grant
 			b.mu.Unlock()
-			return nil
+			return grant, nil
 		}
 		ch := b.space
 		b.mu.Unlock()
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return 0, ctx.Err()
 		case <-ch:
 		}
 	}
-}
-
-// settleReservation returns a grant; the fetched records are charged by
-// push.
-func (b *buffer) settleReservation(want int64) {
-	b.mu.Lock()
-	b.reserved -= want
-	b.freed()
-	b.mu.Unlock()
 }
 
 func (b *buffer) chargeLocked(r *record) {
 	b.bytes += r.size
 	b.count++
 	b.peak = max(b.peak, b.bytes+b.reserved)
+	b.peakN = max(b.peakN, b.count)
 }
 
 func (b *buffer) releaseLocked(r *record) {
@@ -85,35 +82,84 @@ func (b *buffer) releaseLocked(r *record) {
 	b.count--
 }
 
-// push appends fetched records, ready now.
-func (b *buffer) push(rs []*record) { b.fill(0, rs) }
+// admit returns a grant and charges, of the records one fetch brought
+// (one list per partition, in offset order), what fits in the budget now:
+// taken round robin across the lists, a record at a time, so a partition
+// with a large batch does not crowd the others out. It returns how many of
+// each list it kept; the caller drops the rest and fetches it again from
+// the first offset not kept. When nothing is held, the first record is
+// kept even if it alone is larger than the budget, so a large record still
+// makes progress. Call publish with the kept records.
+func (b *buffer) admit(grant int64, lists [][]*record) []int {
+	kept := make([]int, len(lists))
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.reserved -= grant
+	if grant > 0 {
+		defer b.freed()
+	}
+	for more := true; more; {
+		more = false
+		for i, l := range lists {
+			if kept[i] == len(l) {
+				continue
+			}
+			r := l[kept[i]]
+			fits := b.count < b.maxCount && b.bytes+b.reserved+r.size <= b.maxBytes
+			if !fits && !(b.count == 0 && b.reserved == 0) {
+				return kept
+			}
+			b.chargeLocked(r)
+			kept[i]++
+			more = true
+		}
+	}
+	return kept
+}
 
-// fill returns a grant of want bytes and charges the records its fetch
-// brought in one step, so there is no moment when neither counts against
-// the budget (another fetcher could reserve the same room meanwhile).
-// Records of a generation that is ending are dropped, not kept: its purge
-// may have run already. It returns how many it dropped.
-func (b *buffer) fill(want int64, rs []*record) (dropped int) {
-	if want == 0 && len(rs) == 0 {
+// force returns a grant and charges r whether it fits or not.
+func (b *buffer) force(grant int64, r *record) {
+	b.mu.Lock()
+	b.reserved -= grant
+	b.chargeLocked(r)
+	b.freed()
+	b.mu.Unlock()
+}
+
+// unreserve returns a grant whose fetch brought nothing.
+func (b *buffer) unreserve(grant int64) {
+	if grant == 0 {
+		return
+	}
+	b.mu.Lock()
+	b.reserved -= grant
+	b.freed()
+	b.mu.Unlock()
+}
+
+// publish queues records admit charged, all of partition p, ready now. If
+// p's generation is ending they are released and dropped instead (its
+// purge may have run already); it returns how many it dropped.
+func (b *buffer) publish(p *partition, rs []*record) (dropped int) {
+	if len(rs) == 0 {
 		return 0
 	}
 	b.mu.Lock()
-	b.reserved -= want
-	if len(rs) > 0 && rs[0].part.gen.ending.Load() {
-		dropped, rs = len(rs), nil
-	}
-	for _, r := range rs {
-		b.chargeLocked(r)
-	}
-	b.ready = append(b.ready, rs...)
-	if want > 0 {
+	if p.gen.ending.Load() {
+		for _, r := range rs {
+			b.releaseLocked(r)
+		}
 		b.freed()
+		b.mu.Unlock()
+		return len(rs)
 	}
+	if len(p.queue) == p.qhead {
+		b.active = append(b.active, p)
+	}
+	p.queue = append(p.queue, rs...)
 	b.mu.Unlock()
-	if len(rs) > 0 {
-		b.signal()
-	}
-	return dropped
+	b.signal()
+	return 0
 }
 
 // pushDelayed keeps r until r.due. It may take the buffer over its budget
@@ -133,39 +179,20 @@ func (b *buffer) full(r *record) bool {
 	return b.bytes+b.reserved+r.size > b.maxBytes || b.count >= b.maxCount
 }
 
-// take pops up to n ready records totalling at most maxBytes (the first
-// alone may exceed it), moving due delayed records to the front first.
-// Records of generations that are ending are dropped. It returns the time
-// the next delayed record is due (zero if none).
+// take pops up to n records totalling at most maxBytes (the first alone
+// may exceed it): due in-process retries first (they have waited already),
+// then one record from each partition with records in turn. Records of
+// generations that are ending are dropped. It returns the time the next
+// delayed record is due (zero if none).
 func (b *buffer) take(now time.Time, n int, maxBytes int64, out []*record) ([]*record, time.Time) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	var due []*record
-	for len(b.delayed) > 0 && !b.delayed[0].due.After(now) {
-		due = append(due, heap.Pop(&b.delayed).(*record))
-	}
-	if len(due) > 0 {
-		// Retries go first: they have waited already.
-		rest := b.ready[b.head:]
-		b.ready = append(due, rest...)
-		b.head = 0
-	}
 	var got int64
 	released := false
-	for b.head < len(b.ready) && len(out) < n {
-		r := b.ready[b.head]
-		if r.part.gen.ending.Load() {
-			b.ready[b.head] = nil
-			b.head++
-			b.releaseLocked(r)
-			released = true
-			continue
-		}
+	give := func(r *record) bool {
 		if len(out) > 0 && got+r.size > maxBytes {
-			break
+			return false
 		}
-		b.ready[b.head] = nil
-		b.head++
 		b.releaseLocked(r)
 		released = true
 		got += r.size
@@ -174,13 +201,41 @@ func (b *buffer) take(now time.Time, n int, maxBytes int64, out []*record) ([]*r
 		// outstanding) cannot miss a record taken just before it.
 		r.part.gen.outstanding.Add(1)
 		out = append(out, r)
+		return true
 	}
-	if b.head == len(b.ready) {
-		b.ready, b.head = b.ready[:0], 0
-	} else if b.head > 4096 && b.head*2 > len(b.ready) {
-		n := copy(b.ready, b.ready[b.head:])
-		clear(b.ready[n:])
-		b.ready, b.head = b.ready[:n], 0
+	for len(out) < n && len(b.delayed) > 0 && !b.delayed[0].due.After(now) {
+		r := b.delayed[0]
+		if r.part.gen.ending.Load() {
+			heap.Pop(&b.delayed)
+			b.releaseLocked(r)
+			released = true
+			continue
+		}
+		if !give(r) {
+			break
+		}
+		heap.Pop(&b.delayed)
+	}
+	for len(out) < n && len(b.active) > 0 {
+		if b.rr >= len(b.active) {
+			b.rr = 0
+		}
+		p := b.active[b.rr]
+		r := p.queue[p.qhead]
+		if p.gen.ending.Load() {
+			b.releaseLocked(r)
+			released = true
+		} else if !give(r) {
+			break
+		}
+		p.queue[p.qhead] = nil
+		p.qhead++
+		if p.qhead == len(p.queue) {
+			p.queue, p.qhead = p.queue[:0], 0
+			b.active = append(b.active[:b.rr], b.active[b.rr+1:]...)
+		} else {
+			b.rr++
+		}
 	}
 	if released {
 		b.freed()
@@ -192,22 +247,26 @@ func (b *buffer) take(now time.Time, n int, maxBytes int64, out []*record) ([]*r
 	return out, next
 }
 
-// purge drops every buffered record of g.
+// purge drops every held record of g.
 func (b *buffer) purge(g *generation) int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	dropped := 0
-	keep := b.ready[:0]
-	for _, r := range b.ready[b.head:] {
-		if r.part.gen == g {
-			b.releaseLocked(r)
-			dropped++
+	keep := b.active[:0]
+	for _, p := range b.active {
+		if p.gen != g {
+			keep = append(keep, p)
 			continue
 		}
-		keep = append(keep, r)
+		for _, r := range p.queue[p.qhead:] {
+			b.releaseLocked(r)
+			dropped++
+		}
+		clear(p.queue)
+		p.queue, p.qhead = p.queue[:0], 0
 	}
-	clear(b.ready[len(keep):])
-	b.ready, b.head = keep, 0
+	clear(b.active[len(keep):])
+	b.active = keep
 	var kd recordHeap
 	for _, r := range b.delayed {
 		if r.part.gen == g {
@@ -225,10 +284,10 @@ func (b *buffer) purge(g *generation) int {
 	return dropped
 }
 
-func (b *buffer) usage() (count int, bytes, peak int64) {
+func (b *buffer) usage() (count int, bytes, peak int64, peakCount int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.count, b.bytes, b.peak
+	return b.count, b.bytes, b.peak, b.peakN
 }
 
 type recordHeap []*record

@@ -1,10 +1,87 @@
 package kafkaadapter
 
 import (
+	"context"
 	"sync"
 	"testing"
 	"time"
 )
+
+func testPart(g *generation, id int) *partition {
+	return &partition{gen: g, id: id, wm: NewWatermark()}
+}
+
+func recsOf(p *partition, n int, size int64) []*record {
+	out := make([]*record, n)
+	for i := range out {
+		out[i] = &record{part: p, offset: int64(i), size: size}
+	}
+	return out
+}
+
+// A fetch response far larger than the prefetch budget (a librdkafka batch
+// of 1,000 records against 8 messages / 640 bytes): admit keeps only what
+// fits, shared round robin between the partitions of the response, and the
+// buffer never holds more than its budget.
+func TestAdmitKeepsWhatFits(t *testing.T) {
+	g := &generation{kick: make(chan struct{}, 1)}
+	ps := []*partition{testPart(g, 0), testPart(g, 1), testPart(g, 2)}
+	for _, c := range []struct {
+		maxCount int
+		maxBytes int64
+		want     []int
+	}{
+		{8, 1 << 20, []int{5, 2, 1}},       // count-bound: 1, 1, 1, then 2, 2, then 3, 4, 5
+		{1000, 640, []int{3, 2, 1}},        // byte-bound (100 B records, one partition shorter)
+		{2000, 1 << 20, []int{1000, 2, 1}}, // everything fits
+	} {
+		b := newBuffer(c.maxCount, c.maxBytes)
+		grant, err := b.reserve(context.Background(), 1<<20)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lists := [][]*record{recsOf(ps[0], 1000, 100), recsOf(ps[1], 2, 100), recsOf(ps[2], 1, 100)}
+		kept := b.admit(grant, lists)
+		for i := range kept {
+			if kept[i] != c.want[i] {
+				t.Fatalf("budget %d/%d: kept %v, want %v", c.maxCount, c.maxBytes, kept, c.want)
+			}
+		}
+		n, bytes, peak, peakN := b.usage()
+		if n > c.maxCount || bytes > c.maxBytes || peak > max(c.maxBytes, grant) || peakN > c.maxCount {
+			t.Fatalf("budget %d/%d: holds %d records / %d bytes (peak %d / %d)", c.maxCount, c.maxBytes, n, bytes, peakN, peak)
+		}
+	}
+	// A record larger than the whole budget still goes through alone.
+	b := newBuffer(8, 50)
+	grant, _ := b.reserve(context.Background(), 1<<20)
+	if kept := b.admit(grant, [][]*record{recsOf(ps[0], 3, 100)}); kept[0] != 1 {
+		t.Fatalf("oversize record: kept %v, want 1", kept)
+	}
+}
+
+// take serves the partitions round robin, whatever order they filled in.
+func TestTakeRoundRobin(t *testing.T) {
+	g := &generation{kick: make(chan struct{}, 1)}
+	b := newBuffer(10000, 1<<30)
+	ps := []*partition{testPart(g, 0), testPart(g, 1), testPart(g, 2)}
+	for _, p := range ps {
+		rs := recsOf(p, 100, 1)
+		b.admit(0, [][]*record{rs})
+		b.publish(p, rs)
+	}
+	out, _ := b.take(time.Now(), 30, 1<<30, nil)
+	counts := map[int]int{}
+	for i, r := range out {
+		counts[r.part.id]++
+		if want := i % 3; r.part.id != want {
+			t.Fatalf("record %d from partition %d, want %d", i, r.part.id, want)
+		}
+	}
+	if len(out) != 30 || counts[0] != 10 || counts[1] != 10 || counts[2] != 10 {
+		t.Fatalf("took %d: %v", len(out), counts)
+	}
+}
 
 // TestTakeCountsOutstanding races Fetch's take against the end of a
 // generation (ending, purge, wait for outstanding, final commit): a record
@@ -24,7 +101,8 @@ func TestTakeCountsOutstanding(t *testing.T) {
 			p.wm.Deliver(r.offset)
 			recs = append(recs, r)
 		}
-		b.push(recs)
+		b.admit(0, [][]*record{recs})
+		b.publish(p, recs)
 		var taken int64 // written by the taker only until purge returns
 		var wg sync.WaitGroup
 		wg.Add(1)

@@ -8,16 +8,25 @@
 //
 //	kafkaadapter "github.com/sluice-go/sluice/adapters/kafka"
 //
-// # Memory
+// # Memory and fairness
 //
-// The Source fetches each assigned partition with kafka-go's Client.Fetch
-// into one buffer bounded by Config.PrefetchBytes and PrefetchMessages
-// (default: the route window). A fetch is sent only when FetchMaxBytes more
-// fit; a broker may still return a whole first record batch larger than
-// asked, so the bound is PrefetchBytes plus, per partition, the excess of
-// one batch over FetchMaxBytes (Source.Bound). When the route's window is
-// full the buffer stays full and no fetch is sent: slowness becomes
-// consumer lag at the broker, not memory in the process.
+// One goroutine per generation fetches every assigned partition, with one
+// multi-partition Fetch per leader broker, into one buffer bounded by
+// Config.PrefetchMessages and PrefetchBytes (default: the route window).
+// A fetch is sent only when there is room; of each response the Source
+// keeps only what fits (count and bytes) and drops the rest, fetching it
+// again from its first offset once room frees, so the records it holds
+// never exceed the prefetch, whatever batch sizes the producers use. What
+// is in transit is one response per leader broker, at most FetchMaxBytes
+// or one record batch larger than that (Source.Bound). When the route's
+// window is full the buffer stays full and no fetch is sent: slowness
+// becomes consumer lag at the broker, not memory in the process.
+//
+// Partitions are served round robin: each request lists the partitions in
+// a rotating order with an equal share of the bytes, a response's records
+// are kept a record per partition in turn, and Fetch hands out one record
+// per partition in turn. A partition's backlog cannot starve the others,
+// and their deadlines run down evenly.
 //
 // # Commits
 //

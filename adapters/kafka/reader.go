@@ -125,12 +125,13 @@ func (s *Source) pump() {
 	ctx := s.ctx
 	backoff := 20 * time.Millisecond
 	for {
-		if err := s.buf.reserve(ctx, 1); err != nil {
+		grant, err := s.buf.reserve(ctx, 1)
+		if err != nil {
 			return
 		}
 		m, err := s.rd.r.FetchMessage(ctx)
 		if err != nil {
-			s.buf.settleReservation(1)
+			s.buf.unreserve(grant)
 			if ctx.Err() != nil || errors.Is(err, io.EOF) {
 				return
 			}
@@ -147,7 +148,10 @@ func (s *Source) pump() {
 		s.stats.fetched.Add(1)
 		p := s.readerPartition(m.Topic, m.Partition, m.Offset)
 		r := newRecord(p, m.Offset, m.Key, m.Value, m.Headers, m.Time)
-		s.buf.fill(1, []*record{r})
+		// The Reader does not deliver a message twice: keep it even if it
+		// takes the buffer past its budget (by one message at most).
+		s.buf.force(grant, r)
+		s.buf.publish(p, []*record{r})
 	}
 }
 

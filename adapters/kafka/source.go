@@ -1,10 +1,12 @@
 package kafkaadapter
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"io"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -76,6 +78,17 @@ type partition struct {
 	id    int
 	wm    *Watermark
 	retry bool
+
+	// The fetcher's: the next offset to fetch (negative: kafka.FirstOffset
+	// or LastOffset, to resolve), and until when not to fetch (a retry's
+	// not-before, an error backoff).
+	offset   int64
+	hold     time.Time
+	backoffD time.Duration
+
+	// The buffer's (under its lock): records fetched, not handed out.
+	queue []*record
+	qhead int
 }
 
 // record is one fetched message and, while handed out, its Acker.
@@ -121,6 +134,7 @@ type Stats struct {
 	Buffered      int
 	BufferedBytes int64
 	PeakBytes     int64
+	PeakBuffered  int // the most records it held
 	// Generation is the current generation id, -1 between generations.
 	Generation int32
 }
@@ -196,7 +210,7 @@ func (s *Source) Stats() Stats {
 		RetryWriteErrors: s.stats.retryWriteErrors.Load(), Generations: s.stats.generations.Load(),
 		Generation: -1,
 	}
-	st.Buffered, st.BufferedBytes, st.PeakBytes = s.buf.usage()
+	st.Buffered, st.BufferedBytes, st.PeakBytes, st.PeakBuffered = s.buf.usage()
 	if g := s.cur.Load(); g != nil && !g.ending.Load() {
 		st.Generation = g.id
 	}
@@ -217,14 +231,22 @@ func (s *Source) Assigned() map[string][]int {
 	return out
 }
 
-// Bound returns the most bytes the Source holds outside the route window,
-// given the largest record batch the producers write (0 if none is larger
-// than FetchMaxBytes) and how many partitions it may be assigned. Messages
-// a Nak puts back for an in-process retry may take the buffer past it, by
-// at most what the route window held (they came out of it); fetches then
-// wait until the buffer drains below its budget.
-func (s *Source) Bound(maxBatch int64, partitions int) int64 {
-	return s.cfg.PrefetchBytes + int64(partitions)*max(0, maxBatch-int64(s.cfg.FetchMaxBytes))
+// Bound returns the most bytes the Source has outside the route window:
+// the records it holds, never more than PrefetchBytes (and never more than
+// PrefetchMessages records), plus what is in transit, one fetch response
+// per partition leader broker, each at most FetchMaxBytes or, when a
+// producer wrote a record batch larger than that, the largest batch
+// (brokers return a whole first batch even when it is larger than asked).
+// Of a response only what fits in the prefetch is kept; the rest is
+// dropped and fetched again once room frees. maxBatch is the largest
+// batch the producers write (0: none above FetchMaxBytes), brokers how
+// many brokers lead the partitions it reads.
+//
+// Messages a Nak puts back for an in-process retry may take the held
+// records past the prefetch, by at most what the route window held (they
+// came out of it); fetches then wait until the buffer drains.
+func (s *Source) Bound(maxBatch int64, brokers int) int64 {
+	return s.cfg.PrefetchBytes + int64(max(brokers, 1))*max(int64(s.cfg.FetchMaxBytes), maxBatch)
 }
 
 func (s *Source) run() {
@@ -272,23 +294,18 @@ func (s *Source) errorf(format string, args ...any) {
 func (s *Source) start(g *kafka.Generation) {
 	s.stats.generations.Add(1)
 	gen := &generation{src: s, g: g, id: g.ID, kick: make(chan struct{}, 1)}
-	type start struct {
-		p      *partition
-		offset int64
-	}
-	var starts []start
 	for topic, as := range g.Assignments {
 		for _, a := range as {
-			p := &partition{gen: gen, topic: topic, id: a.ID, wm: NewWatermark(), retry: topic == s.cfg.RetryTopic}
-			gen.parts = append(gen.parts, p)
-			starts = append(starts, start{p, a.Offset})
+			gen.parts = append(gen.parts, &partition{gen: gen, topic: topic, id: a.ID, wm: NewWatermark(),
+				retry: topic == s.cfg.RetryTopic, offset: a.Offset})
 		}
 	}
+	slices.SortFunc(gen.parts, func(a, b *partition) int { return cmp.Or(strings.Compare(a.topic, b.topic), a.id-b.id) })
 	if old := s.cur.Swap(gen); old != nil {
 		old.ending.Store(true)
 	}
-	for _, st := range starts {
-		s.goGen(g, func(ctx context.Context) { s.fetchLoop(ctx, st.p, st.offset) })
+	if len(gen.parts) > 0 {
+		s.goGen(g, func(ctx context.Context) { s.fetchLoop(ctx, gen) })
 	}
 	s.goGen(g, func(ctx context.Context) { s.commitLoop(ctx, gen) })
 }
@@ -299,169 +316,6 @@ func (s *Source) goGen(g *kafka.Generation, fn func(ctx context.Context)) {
 		defer s.gens.Done()
 		fn(ctx)
 	})
-}
-
-// fetchLoop pulls one partition while its generation lasts, sending a
-// request only when the buffer has room for FetchMaxBytes more.
-func (s *Source) fetchLoop(ctx context.Context, p *partition, offset int64) {
-	backoff := 20 * time.Millisecond
-	want := int64(s.cfg.FetchMaxBytes)
-	sleep := func(d time.Duration) bool {
-		t := time.NewTimer(d)
-		defer t.Stop()
-		select {
-		case <-ctx.Done():
-			return false
-		case <-t.C:
-			return true
-		}
-	}
-	pause := func() bool {
-		d := backoff
-		backoff = min(backoff*2, time.Second)
-		return sleep(d)
-	}
-	if p.retry && offset < 0 {
-		// The retry topic holds only work this group owes (its originals
-		// are committed): never skip any of it, whatever StartOffset says.
-		offset = kafka.FirstOffset
-	}
-	if offset >= 0 {
-		// The group's committed offset: nothing new to commit yet.
-		p.wm.Begin(offset)
-		p.wm.Committed(offset)
-	}
-	for ctx.Err() == nil {
-		if offset < 0 {
-			off, err := s.resolve(ctx, p, offset)
-			if err != nil {
-				s.stats.fetchErrors.Add(1)
-				if !pause() {
-					return
-				}
-				continue
-			}
-			offset = off
-			// Commit the resolved start, so that a rebalance before the
-			// first delivery cannot resolve it again further on (LastOffset)
-			// and skip what was written in between.
-			p.wm.Begin(offset)
-		}
-		if err := s.buf.reserve(ctx, want); err != nil {
-			return
-		}
-		recs, next, err := s.fetchOnce(ctx, p, offset, want)
-		var hold time.Duration
-		if p.retry && err == nil {
-			recs, next, hold = s.dueRetries(recs, next)
-		}
-		if err != nil {
-			s.buf.fill(want, nil)
-			if ctx.Err() != nil {
-				return
-			}
-			s.stats.fetchErrors.Add(1)
-			if errors.Is(err, kafka.OffsetOutOfRange) {
-				offset = s.cfg.StartOffset
-				if p.retry {
-					offset = kafka.FirstOffset
-				}
-			}
-			if !pause() {
-				return
-			}
-			continue
-		}
-		backoff = 20 * time.Millisecond
-		offset = next
-		s.stats.fetched.Add(int64(len(recs)))
-		for _, r := range recs {
-			p.wm.Deliver(r.offset)
-		}
-		s.stats.dropped.Add(int64(s.buf.fill(want, recs)))
-		if hold > 0 && !sleep(hold) {
-			return
-		}
-	}
-}
-
-// maxRetryHold caps one wait of a retry partition for a not-before; it then
-// fetches again (and sees a clock that jumped).
-const maxRetryHold = time.Second
-
-// dueRetries keeps the retry-topic records whose not-before has passed, up
-// to the first that has not, and returns the offset to fetch next and how
-// long to wait first. The records not due are dropped and fetched again
-// after the wait: while a retry partition waits it holds no memory and no
-// part of the buffer, so other partitions keep flowing.
-func (s *Source) dueRetries(recs []*record, next int64) ([]*record, int64, time.Duration) {
-	now := s.clock.Now()
-	for i, r := range recs {
-		if wait := r.due.Sub(now); wait > 0 {
-			clear(recs[i:])
-			return recs[:i], r.offset, min(wait, maxRetryHold)
-		}
-	}
-	return recs, next, 0
-}
-
-func (s *Source) resolve(ctx context.Context, p *partition, which int64) (int64, error) {
-	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	res, err := s.client.ListOffsets(rctx, &kafka.ListOffsetsRequest{
-		Topics: map[string][]kafka.OffsetRequest{p.topic: {{Partition: p.id, Timestamp: which}}},
-	})
-	if err != nil {
-		return 0, err
-	}
-	for _, po := range res.Topics[p.topic] {
-		if po.Partition == p.id {
-			if po.Error != nil {
-				return 0, po.Error
-			}
-			if which == kafka.LastOffset {
-				return po.LastOffset, nil
-			}
-			return po.FirstOffset, nil
-		}
-	}
-	return 0, fmt.Errorf("kafka source: no offsets for %s/%d", p.topic, p.id)
-}
-
-func (s *Source) fetchOnce(ctx context.Context, p *partition, offset, maxBytes int64) ([]*record, int64, error) {
-	fctx, cancel := context.WithTimeout(ctx, s.cfg.FetchMaxWait+15*time.Second)
-	defer cancel()
-	res, err := s.client.Fetch(fctx, &kafka.FetchRequest{
-		Topic: p.topic, Partition: p.id, Offset: offset,
-		MinBytes: 1, MaxBytes: maxBytes, MaxWait: s.cfg.FetchMaxWait,
-	})
-	if err != nil {
-		return nil, offset, err
-	}
-	if res.Error != nil {
-		return nil, offset, res.Error
-	}
-	var out []*record
-	now := s.clock.Now()
-	for {
-		kr, err := res.Records.ReadRecord()
-		if err != nil {
-			if errors.Is(err, io.EOF) {
-				break
-			}
-			return out, offset, err
-		}
-		if kr.Offset < offset {
-			continue
-		}
-		r, err := s.convert(p, kr, now)
-		if err != nil {
-			return out, offset, err
-		}
-		out = append(out, r)
-		offset = kr.Offset + 1
-	}
-	return out, offset, nil
 }
 
 func (s *Source) convert(p *partition, kr *kafka.Record, now time.Time) (*record, error) {
