@@ -106,6 +106,10 @@ func TestGridTargetAndTable(t *testing.T) {
 	if !under.meets(mk(sluiceMinimal, 98, 100, 22*time.Millisecond, 0)) || under.meets(mk(sluiceMinimal, 90, 100, 22*time.Millisecond, 0)) {
 		t.Error("0.5×: goodput against the offered load")
 	}
+	var cfg config
+	if name := cfg.gridSpec(under, sluiceMinimal).name; strings.ContainsAny(name, ". ") {
+		t.Errorf("trial name %q is not a valid JetStream stream name", name)
+	}
 	tbl := gridTable([]gridCell{over}, "nats")
 	for _, want := range []string{"| 4×20ms ", "5% · 3000 ms", "98% · 420 ms", "900/0", "met", "meets the target in 1 of 1 cells"} {
 		if !strings.Contains(tbl, want) {
