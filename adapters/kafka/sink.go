@@ -51,15 +51,44 @@ func (s *DeadLetterSink) Topic() string { return s.w.Topic }
 
 // Write stores l and waits for the acknowledgement of all replicas.
 func (s *DeadLetterSink) Write(ctx context.Context, l *dlq.Letter) error {
-	hs := letterHeaders(l.EnvelopeHeaders())
+	key, value, env := l.Encode(dlq.Limits{MaxBytes: DeadLetterMaxBytes, HeaderSize: kafkaHeaderSize})
+	hs := letterHeaders(env)
 	if n := s.partitions(ctx, l.Origin.Topic); n > 0 && l.Origin.Partition >= 0 {
 		hs = append(hs, kafka.Header{Key: HeaderOriginPartitions, Value: []byte(strconv.Itoa(n))})
 	}
-	msg := kafka.Message{Key: l.Key, Value: l.Value, Headers: hs}
+	msg := kafka.Message{Key: key, Value: value, Headers: hs}
 	if err := s.w.WriteMessages(ctx, msg); err != nil {
 		return fmt.Errorf("kafkaadapter: dead letter to %s: %w", s.w.Topic, err)
 	}
 	return nil
+}
+
+// DeadLetterMaxBytes is the most a dead letter takes on the wire (headers,
+// key and value), below the 1 MiB a topic accepts by default
+// (max.message.bytes) less the batch overhead. A larger letter is fitted
+// by dlq.Letter.Encode: original headers packed into the value, or cut
+// with a Sluice-Dlq-Truncated marker.
+const DeadLetterMaxBytes = 1_000_000
+
+// kafkaHeaderSize is the size of h in a Kafka record: per header a varint
+// length and the key, a varint length and the value.
+func kafkaHeaderSize(h map[string][]string) int {
+	n := 0
+	for k, vs := range h {
+		for _, v := range vs {
+			n += varintSize(len(k)) + len(k) + varintSize(len(v)) + len(v)
+		}
+	}
+	return n
+}
+
+// varintSize is the length of Kafka's zigzag varint encoding of x >= 0.
+func varintSize(x int) int {
+	n := 1
+	for u := uint64(x) << 1; u >= 0x80; u >>= 7 {
+		n++
+	}
+	return n
 }
 
 // partitions returns how many partitions topic has (0: unknown), from the
