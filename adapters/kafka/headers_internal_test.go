@@ -3,6 +3,7 @@ package kafkaadapter
 import (
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/segmentio/kafka-go"
 )
@@ -64,5 +65,35 @@ func TestHeaderOrderForged(t *testing.T) {
 	m, _ := headerMap(hdrs(HeaderOrder, "a", metaOriginPartitions, "9", "x", "1"), nil, nil)
 	if len(m) != 1 || m["x"][0] != "1" {
 		t.Fatalf("metadata taken from the wire: %v", m)
+	}
+}
+
+// A retry record's headers are untrusted: a far-future not-before is
+// clamped to the route's longest delay (it held its whole partition back
+// before), and an origin topic the Source does not read is ignored (it
+// decided where dead letters and replays went).
+func TestParseRetryUntrusted(t *testing.T) {
+	now := time.Date(2026, 12, 3, 0, 0, 0, 0, time.UTC)
+	p := &partition{gen: &generation{src: &Source{}}, topic: "orders-retry", id: 2, retry: true}
+	mk := func(kv ...string) *record {
+		return newRecord(p, 7, nil, []byte("v"), hdrs(kv...), now)
+	}
+	r := mk(HeaderNotBefore, "2100-01-01T00:00:00Z", HeaderOriginTopic, "payments", HeaderOriginPartition, "1", "App", "x")
+	res := parseRetry(r, now, time.Minute, []string{"orders"})
+	if !res.clamped || !r.due.Equal(now.Add(time.Minute)) {
+		t.Fatalf("not-before 2100: due %v, clamped %v; want now+1m", r.due, res.clamped)
+	}
+	if !res.refused || r.origin.Topic != "orders-retry" || r.origin.Partition != 2 || r.origin.Offset != 7 {
+		t.Fatalf("origin %+v (refused %v): a foreign origin topic must be ignored", r.origin, res.refused)
+	}
+	if len(r.headers) != 1 || r.headers["App"][0] != "x" {
+		t.Fatalf("headers after parse: %v", r.headers)
+	}
+	r = mk(HeaderNotBefore, now.Add(30*time.Second).Format(time.RFC3339Nano), HeaderOriginTopic, "orders",
+		HeaderOriginPartition, "3", HeaderOriginOffset, "99", HeaderAttempt, "4")
+	res = parseRetry(r, now, time.Minute, []string{"orders"})
+	if res.clamped || res.refused || !r.due.Equal(now.Add(30*time.Second)) || r.attempt != 4 ||
+		r.origin.Topic != "orders" || r.origin.Partition != 3 || r.origin.Offset != 99 || r.headers != nil {
+		t.Fatalf("a proper retry record: %+v due %v attempt %d headers %v (%+v)", r.origin, r.due, r.attempt, r.headers, res)
 	}
 }

@@ -3,6 +3,7 @@ package kafkaadapter
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -68,10 +69,24 @@ func (s *Source) writeRetry(ctx context.Context, r *record, now, notBefore time.
 
 func isRetryHeader(k string) bool { return strings.HasPrefix(k, RetryHeaderPrefix) }
 
+// retryParse is what parseRetry found untrustworthy in a retry record.
+type retryParse struct {
+	clamped bool // its not-before was further out than the route's longest delay
+	refused bool // it named an origin topic the Source does not read
+}
+
 // parseRetry reads the retry headers of a retry-topic record into r and
 // removes them from the headers the handler sees. A record without them
 // (written by someone else) is delivered as it is, due now.
-func parseRetry(r *record, now time.Time) {
+//
+// The headers are untrusted (anyone who can write the retry topic, a
+// producer with a skewed clock): a not-before later than now + maxDelay
+// (the longest delay the route can ask for) is clamped to it, so one
+// record cannot hold back its partition's later retries; an origin topic
+// that is not one of topics (the Source's own) is ignored and the record
+// keeps the retry topic as its origin, so nothing read from a retry
+// record decides where a dead letter or a replay of it goes.
+func parseRetry(r *record, now time.Time, maxDelay time.Duration, topics []string) (res retryParse) {
 	get := func(k string) string {
 		if v := r.headers[k]; len(v) > 0 {
 			return v[0]
@@ -81,6 +96,9 @@ func parseRetry(r *record, now time.Time) {
 	r.due = now
 	if t, err := time.Parse(time.RFC3339Nano, get(HeaderNotBefore)); err == nil {
 		r.due = t
+		if latest := now.Add(maxDelay); r.due.After(latest) {
+			r.due, res.clamped = latest, true
+		}
 	}
 	if n, err := strconv.Atoi(get(HeaderAttempt)); err == nil && n > 0 {
 		r.attempt = n
@@ -91,21 +109,24 @@ func parseRetry(r *record, now time.Time) {
 	if t, err := time.Parse(time.RFC3339Nano, get(HeaderOriginPublishedAt)); err == nil {
 		r.time = t
 	}
-	if topic := get(HeaderOriginTopic); topic != "" {
+	if topic := get(HeaderOriginTopic); topic != "" && slices.Contains(topics, topic) {
 		r.origin.Topic = topic
-		if p, err := strconv.Atoi(get(HeaderOriginPartition)); err == nil {
+		if p, err := strconv.ParseInt(get(HeaderOriginPartition), 10, 32); err == nil && p >= 0 {
 			r.origin.Partition = int32(p)
 		}
-		if o, err := strconv.ParseInt(get(HeaderOriginOffset), 10, 64); err == nil {
+		if o, err := strconv.ParseInt(get(HeaderOriginOffset), 10, 64); err == nil && o >= 0 {
 			r.origin.Offset = o
 		}
+	} else if topic != "" {
+		res.refused = true
 	}
 	for k := range r.headers {
-		if strings.HasPrefix(k, RetryHeaderPrefix) {
+		if isRetryHeader(k) {
 			delete(r.headers, k)
 		}
 	}
-	if len(r.headers) == 0 {
+	if len(r.headers) == 0 || len(r.headers) == 1 && r.headers[HeaderOrder] != nil {
 		r.headers = nil
 	}
+	return res
 }

@@ -107,7 +107,8 @@ type record struct {
 
 type counters struct {
 	fetched, fetchErrors, commits, commitErrors, staleSettles, dropped,
-	localRetries, retryWrites, retryWriteErrors, generations, fenced atomic.Int64
+	localRetries, retryWrites, retryWriteErrors, generations, fenced,
+	retryClamped, retryOriginRefused atomic.Int64
 }
 
 // Stats is a snapshot of a Source's counters.
@@ -128,7 +129,14 @@ type Stats struct {
 	LocalRetries     int64 // Naks kept in process
 	RetryWrites      int64 // Naks written to the retry topic
 	RetryWriteErrors int64
-	Generations      int64
+	// RetryClamped counts retry-topic records whose not-before lay beyond
+	// the longest delay the route asks for (a skewed clock, a forged
+	// record): they were held only that long.
+	RetryClamped int64
+	// RetryOriginRefused counts retry-topic records naming an origin topic
+	// the Source does not read: the header was ignored.
+	RetryOriginRefused int64
+	Generations        int64
 	// Buffered and BufferedBytes are what the Source holds now, outside the
 	// route's window; PeakBytes the most it held (reservations included).
 	Buffered      int
@@ -173,6 +181,14 @@ func NewSource(cfg Config) (*Source, error) {
 	return s, nil
 }
 
+// maxDelay is the longest retry delay the route asks for: a retry-topic
+// not-before further out is clamped to it.
+//
+// TODO(core contract): RouteLimits.MaxDelay from Attach. Until then the
+// Source knows only its own LocalRetryMaxDelay; longer Nak delays come
+// from the route's retry policy, which it cannot see, so it allows an hour.
+func (s *Source) maxDelay() time.Duration { return max(s.cfg.LocalRetryMaxDelay, time.Hour) }
+
 type sysClock struct{}
 
 func (sysClock) Now() time.Time { return time.Now() }
@@ -208,6 +224,7 @@ func (s *Source) Stats() Stats {
 		StaleSettles: s.stats.staleSettles.Load(), Dropped: s.stats.dropped.Load(),
 		LocalRetries: s.stats.localRetries.Load(), RetryWrites: s.stats.retryWrites.Load(),
 		RetryWriteErrors: s.stats.retryWriteErrors.Load(), Generations: s.stats.generations.Load(),
+		RetryClamped: s.stats.retryClamped.Load(), RetryOriginRefused: s.stats.retryOriginRefused.Load(),
 		Generation: -1,
 	}
 	st.Buffered, st.BufferedBytes, st.PeakBytes, st.PeakBuffered = s.buf.usage()
@@ -329,7 +346,13 @@ func (s *Source) convert(p *partition, kr *kafka.Record, now time.Time) (*record
 	}
 	r := newRecord(p, kr.Offset, key, value, kr.Headers, kr.Time)
 	if p.retry {
-		parseRetry(r, now)
+		res := parseRetry(r, now, s.maxDelay(), s.cfg.Topics)
+		if res.clamped {
+			s.stats.retryClamped.Add(1)
+		}
+		if res.refused {
+			s.stats.retryOriginRefused.Add(1)
+		}
 	}
 	return r, nil
 }
