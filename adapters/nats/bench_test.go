@@ -3,39 +3,83 @@ package natsadapter_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	natsadapter "github.com/sluice-go/sluice/adapters/nats"
 	"github.com/sluice-go/sluice/consumer"
-	"github.com/sluice-go/sluice/internal/natstest"
 )
 
-// The two benchmarks below share one shape: each iteration of b.N is one
-// 128 B message published before the timer starts, then consumed with a
-// no-op handler and acked. Compare them side by side in one run:
+// The Consume benchmarks share one shape: each iteration of b.N is one
+// message (128 B or 1 KiB) published before the timer starts, then
+// consumed with a no-op handler and acknowledged. The broker is a
+// nats-server in a child process shared by the whole run (started on first
+// use), so the consumer's CPU is measured apart from the broker's:
+// cpu-ns/msg is this process (client + sluice), srv-cpu-ns/msg the
+// broker's, both per message.
 //
-//	go test ./adapters/nats -run '^$' -bench 'Consume' -benchmem -count 6
+//   - BenchmarkConsumeRaw: jetstream Consume + plain Ack (fire-and-forget),
+//     the handler inline on the Consume callback.
+//   - BenchmarkConsumeRawDoubleAck: jetstream Consume handing messages to
+//     8 worker goroutines, each calling DoubleAck (the server-confirmed
+//     ack, one round trip per message on a worker): the fair baseline for
+//     sluice's default, which also knows every ack landed.
+//   - BenchmarkConsumeSluice: a route over adapters/nats with the default
+//     (server-confirmed, pipelined) acks.
+//   - BenchmarkConsumeSluiceAsyncAck: the same route with AckAsync (the
+//     plain Ack of the raw benchmark).
 //
-// Raw uses jetstream Consume + Ack (fire-and-forget). Sluice uses a route
-// with AckAsync (the same plain Ack) and, separately, the default DoubleAck.
+// Compare them as interleaved pairs (see docs/benchmarks.md):
+//
+//	scripts/benchpairs ./adapters/nats BenchmarkConsumeRaw/size=128 BenchmarkConsumeSluice/size=128/workers=8 7
 
-func benchStream(b *testing.B) (context.Context, jetstream.JetStream, jetstream.Stream) {
+var benchSizes = []int{128, 1024}
+
+const benchWindow = 256
+
+// benchJetStream connects to the shared broker process.
+func benchJetStream(b *testing.B) (*nats.Conn, jetstream.JetStream) {
 	b.Helper()
-	js := natstest.JetStream(b)
-	ctx := context.Background()
-	st, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "BENCH", Subjects: []string{"bench.>"}, Storage: jetstream.MemoryStorage})
+	nc, err := nats.Connect(sharedServer(b).url)
 	if err != nil {
 		b.Fatal(err)
 	}
-	payload := make([]byte, 128)
-	for i := 0; i < b.N; i += 512 {
+	b.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return nc, js
+}
+
+var streamSeq atomic.Int64
+
+// benchStream creates a memory stream with a fresh name, publishes n
+// messages of size bytes to it, and deletes it in b.Cleanup.
+func benchStream(b *testing.B, js jetstream.JetStream, n, size int) (context.Context, string, jetstream.Stream) {
+	b.Helper()
+	ctx := context.Background()
+	name := "BENCH" + strconv.FormatInt(streamSeq.Add(1), 10)
+	subj := strings.ToLower(name) + ".x"
+	st, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{subj}, Storage: jetstream.MemoryStorage})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = js.DeleteStream(context.Background(), name) })
+	payload := make([]byte, size)
+	for i := 0; i < n; i += 512 {
 		var futs []jetstream.PubAckFuture
-		for j := i; j < min(i+512, b.N); j++ {
-			f, err := js.PublishAsync("bench.x", payload)
+		for j := i; j < min(i+512, n); j++ {
+			f, err := js.PublishAsync(subj, payload)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -49,37 +93,130 @@ func benchStream(b *testing.B) (context.Context, jetstream.JetStream, jetstream.
 			}
 		}
 	}
-	return ctx, js, st
+	return ctx, name, st
+}
+
+// cpuMeter measures the CPU time this process and the broker process
+// spend between start and stop.
+type cpuMeter struct {
+	self, srv time.Duration
+	writes    int64
+}
+
+func (c *cpuMeter) start(b *testing.B) {
+	c.self, c.srv, c.writes = selfCPU(), sharedServer(b).cpu(), selfWrites()
+}
+
+func (c *cpuMeter) report(b *testing.B) {
+	self, srv := selfCPU()-c.self, sharedServer(b).cpu()
+	b.ReportMetric(float64(self.Nanoseconds())/float64(b.N), "cpu-ns/msg")
+	if w := selfWrites(); w >= 0 && c.writes >= 0 {
+		// Write syscalls per message: how well acks are batched.
+		b.ReportMetric(float64(w-c.writes)/float64(b.N), "writes/msg")
+	}
+	if srv >= 0 {
+		srv -= c.srv
+		b.ReportMetric(float64(srv.Nanoseconds())/float64(b.N), "srv-cpu-ns/msg")
+	}
+}
+
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func BenchmarkConsumeRaw(b *testing.B) {
-	ctx, _, st := benchStream(b)
-	cons, err := st.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "raw", AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 256})
+	for _, size := range benchSizes {
+		b.Run("size="+strconv.Itoa(size), func(b *testing.B) { benchRaw(b, size, 0) })
+	}
+}
+
+func BenchmarkConsumeRawDoubleAck(b *testing.B) {
+	for _, size := range benchSizes {
+		b.Run("size="+strconv.Itoa(size), func(b *testing.B) { benchRaw(b, size, 8) })
+	}
+}
+
+// benchRaw consumes with jetstream Consume. workers == 0: the handler runs
+// on the Consume callback and acks with a plain Ack. workers > 0: the
+// callback hands each message to one of workers goroutines, which call
+// DoubleAck.
+func benchRaw(b *testing.B, size, workers int) {
+	_, js := benchJetStream(b)
+	ctx, _, st := benchStream(b, js, b.N, size)
+	cons, err := st.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "raw", AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: benchWindow})
 	if err != nil {
 		b.Fatal(err)
 	}
 	var n atomic.Int64
+	var ackErrs atomic.Int64
 	done := make(chan struct{})
-	b.ReportAllocs()
-	b.ResetTimer()
-	cc, err := cons.Consume(func(m jetstream.Msg) {
-		_ = m.Ack()
+	count := func() {
 		if n.Add(1) == int64(b.N) {
 			close(done)
 		}
-	}, jetstream.PullMaxMessages(256))
+	}
+	handle := func(m jetstream.Msg) { _ = m.Ack(); count() }
+	var wg sync.WaitGroup
+	work := make(chan jetstream.Msg, benchWindow)
+	if workers > 0 {
+		for range workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for m := range work {
+					if err := m.DoubleAck(ctx); err != nil {
+						ackErrs.Add(1)
+					}
+					count()
+				}
+			}()
+		}
+		handle = func(m jetstream.Msg) { work <- m }
+	}
+	var cpu cpuMeter
+	b.ReportAllocs()
+	b.ResetTimer()
+	cpu.start(b)
+	cc, err := cons.Consume(handle, jetstream.PullMaxMessages(benchWindow))
 	if err != nil {
 		b.Fatal(err)
 	}
 	<-done
 	b.StopTimer()
+	cpu.report(b)
 	cc.Stop()
 	<-cc.Closed()
+	close(work)
+	wg.Wait()
+	if ackErrs.Load() > 0 {
+		b.Fatalf("%d DoubleAck errors", ackErrs.Load())
+	}
 }
 
-func benchSluice(b *testing.B, async bool) {
-	ctx, js, _ := benchStream(b)
-	src, err := natsadapter.NewSourceFor(ctx, js, "BENCH", jetstream.ConsumerConfig{Durable: "sluice"}, 256,
+// The worker counts of the sluice benchmarks: 8 is the headline (the raw
+// DoubleAck baseline has 8 workers too); the others show scaling.
+var benchWorkers = []int{1, 4, 8, 16, 64}
+
+func BenchmarkConsumeSluice(b *testing.B) { benchSluiceAll(b, false) }
+
+func BenchmarkConsumeSluiceAsyncAck(b *testing.B) { benchSluiceAll(b, true) }
+
+func benchSluiceAll(b *testing.B, async bool) {
+	for _, size := range benchSizes {
+		for _, w := range benchWorkers {
+			b.Run(fmt.Sprintf("size=%d/workers=%d", size, w), func(b *testing.B) { benchSluice(b, size, w, async) })
+		}
+	}
+}
+
+func benchSluice(b *testing.B, size, workers int, async bool) {
+	_, js := benchJetStream(b)
+	ctx, name, _ := benchStream(b, js, b.N, size)
+	src, err := natsadapter.NewSourceFor(ctx, js, name, jetstream.ConsumerConfig{Durable: "sluice"}, benchWindow,
 		natsadapter.SourceOptions{AckAsync: async})
 	if err != nil {
 		b.Fatal(err)
@@ -87,7 +224,7 @@ func benchSluice(b *testing.B, async bool) {
 	var n atomic.Int64
 	done := make(chan struct{})
 	c, err := consumer.New(consumer.Options{}, consumer.Route{
-		Name: "bench", Source: src, Workers: 4, MaxInFlight: 256, MaxInFlightBytes: 8 << 20,
+		Name: "bench", Source: src, Workers: workers, MaxInFlight: benchWindow, MaxInFlightBytes: 64 << 20,
 		Handler: func(context.Context, *consumer.Message) error {
 			if n.Add(1) == int64(b.N) {
 				close(done)
@@ -100,20 +237,69 @@ func benchSluice(b *testing.B, async bool) {
 	}
 	runCtx, cancel := context.WithCancel(ctx)
 	errc := make(chan error, 1)
+	var cpu cpuMeter
 	b.ReportAllocs()
 	b.ResetTimer()
+	cpu.start(b)
 	go func() { errc <- c.Run(runCtx) }()
 	<-done
-	// Wait for the settlements, which follow the handler.
+	// The settlements follow the handler: wait for the last ones.
 	for c.Stats()[0].Settled[consumer.OutcomeSucceeded] < uint64(b.N) {
-		time.Sleep(100 * time.Microsecond)
+		time.Sleep(50 * time.Microsecond)
 	}
 	b.StopTimer()
+	cpu.report(b)
 	cancel()
 	if err := <-errc; err != nil {
 		b.Fatal(fmt.Errorf("run: %w", err))
 	}
+	if s := c.Stats()[0]; s.SettleErrors > 0 {
+		b.Fatalf("%d settle errors", s.SettleErrors)
+	}
 }
 
-func BenchmarkConsumeSluiceAsyncAck(b *testing.B)  { benchSluice(b, true) }
-func BenchmarkConsumeSluiceDoubleAck(b *testing.B) { benchSluice(b, false) }
+// selfWrites returns the number of write syscalls this process made (-1
+// when unavailable).
+func selfWrites() int64 {
+	data, err := os.ReadFile("/proc/self/io")
+	if err != nil {
+		return -1
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "syscw: "); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				return -1
+			}
+			return n
+		}
+	}
+	return -1
+}
+
+// procCPU reads a process's user + system CPU time from /proc (-1 when
+// unavailable).
+func procCPU(pid int) time.Duration {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return -1
+	}
+	// Fields after the command name (which is in parentheses and may
+	// contain spaces): state is field 3, utime 14, stime 15.
+	s := string(data)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return -1
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 13 {
+		return -1
+	}
+	ut, err1 := strconv.ParseInt(f[11], 10, 64)
+	st, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return -1
+	}
+	const clkTck = 100 // USER_HZ on Linux
+	return time.Duration(ut+st) * time.Second / clkTck
+}

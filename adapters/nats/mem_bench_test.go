@@ -1,10 +1,7 @@
 package natsadapter_test
 
 import (
-	"bufio"
 	"context"
-	"os"
-	"os/exec"
 	"runtime"
 	"strconv"
 	"strings"
@@ -24,33 +21,12 @@ import (
 // in serve mode) and returns its URL; it stops in tb.Cleanup.
 func startServerProcess(tb testing.TB) string {
 	tb.Helper()
-	exe, err := os.Executable()
+	p, err := newServerProcess(tb.TempDir())
 	if err != nil {
 		tb.Fatal(err)
 	}
-	cmd := exec.Command(exe)
-	cmd.Env = append(os.Environ(), serveEnv+"="+tb.TempDir())
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() {
-		_ = stdin.Close()
-		_ = cmd.Wait()
-	})
-	line, err := bufio.NewReader(stdout).ReadString('\n')
-	if err != nil {
-		tb.Fatalf("server process: %v", err)
-	}
-	return strings.TrimSpace(line)
+	tb.Cleanup(p.stop)
+	return p.url
 }
 
 // BenchmarkBacklogHeap drains a backlog of 1 KiB messages through a route
