@@ -2,8 +2,10 @@ package natsadapter_test
 
 import (
 	"context"
+	"errors"
 	"net/url"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -78,6 +80,12 @@ func (r *faultRig) restart(t *testing.T, down time.Duration) {
 // and the consumer ends with nothing pending. It returns the duplicates.
 func faultRun(t *testing.T, r *faultRig, n, after int, fault func()) (dups int64, s consumer.RouteStats) {
 	t.Helper()
+	return faultRunWith(t, r, n, after, fault, nil)
+}
+
+// faultRunWith is faultRun that also hands the Source to withSource.
+func faultRunWith(t *testing.T, r *faultRig, n, after int, fault func(), withSource func(*natsadapter.Source)) (dups int64, s consumer.RouteStats) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	if _, err := r.js.CreateStream(ctx, jetstream.StreamConfig{Name: "WORK", Subjects: []string{"work.>"}, Storage: jetstream.FileStorage}); err != nil {
@@ -89,6 +97,9 @@ func faultRun(t *testing.T, r *faultRig, n, after int, fault func()) (dups int64
 		window, natsadapter.SourceOptions{PollWait: 200 * time.Millisecond, AckTimeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if withSource != nil {
+		withSource(src)
 	}
 	var mu sync.Mutex
 	seen := map[int]int{}
@@ -162,5 +173,195 @@ func TestClientDisconnectMidBatch(t *testing.T) {
 	t.Logf("disconnect: duplicates %d, settle errors %d, fetch errors %d, fetched %d", dups, s.SettleErrors, s.FetchErrors, s.Fetched)
 	if dups > 2*32 {
 		t.Fatalf("%d duplicates, more than two windows", dups)
+	}
+}
+
+// TestServerKilledBetweenAckAndReply stops the server after it received a
+// confirmed ack but before its reply reached the client (a proxy holds the
+// server's traffic back), then starts it again. The ack is re-sent after
+// the reconnect and confirmed: the message is neither lost nor counted
+// settled twice.
+func TestServerKilledBetweenAckAndReply(t *testing.T) {
+	r := newFaultRig(t)
+	proxy, err := natstest.NewProxy("127.0.0.1:" + strconv.Itoa(r.port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = proxy.Close() })
+	nc, err := nats.Connect(proxy.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond), nats.ReconnectJitter(0, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if _, err := r.js.CreateStream(ctx, jetstream.StreamConfig{Name: "WORK", Subjects: []string{"work.>"}, Storage: jetstream.FileStorage}); err != nil {
+		t.Fatal(err)
+	}
+	const n, target = 200, 100
+	publish(t, ctx, r.js, n)
+	// Deliveries the server sent while its replies were held are lost with
+	// the connection and come back after AckWait (3 s); the target's ack
+	// is re-sent right after the reconnect, long before that.
+	//
+	// The sniffer sees the server receive the target's +ACK, on a direct
+	// connection (not through the proxy).
+	acked := make(chan struct{})
+	var once sync.Once
+	sniff, err := r.nc.Subscribe("$JS.ACK.WORK.>", func(m *nats.Msg) {
+		tok := strings.Split(m.Subject, ".")
+		if len(tok) > 5 && tok[5] == strconv.Itoa(target+1) && string(m.Data) == "+ACK" {
+			once.Do(func() { close(acked) })
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sniff.Unsubscribe()
+	if err := r.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	src, err := natsadapter.NewSourceFor(ctx, js, "WORK", jetstream.ConsumerConfig{Durable: "kill", AckWait: 3 * time.Second},
+		32, natsadapter.SourceOptions{PollWait: 200 * time.Millisecond, AckTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	seen := map[int]int{}
+	var handled atomic.Int64
+	c, err := consumer.New(consumer.Options{ShutdownGrace: time.Second}, consumer.Route{Name: "kill", Source: src,
+		Workers: 4, MaxInFlight: 32, MaxInFlightBytes: 1 << 20,
+		Handler: func(_ context.Context, m *consumer.Message) error {
+			id, _ := strconv.Atoi(m.Headers.Get("Id"))
+			if id == target {
+				proxy.HoldReplies() // its ack reaches the server, the reply does not come back
+			}
+			mu.Lock()
+			seen[id]++
+			mu.Unlock()
+			handled.Add(1)
+			return nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var restarted atomic.Bool
+	runUntil(t, c, 45*time.Second, func() bool {
+		mu.Lock()
+		all := len(seen) == n
+		mu.Unlock()
+		if !all || !restarted.Load() {
+			return false
+		}
+		info, err := src.Consumer().Info(ctx)
+		s := c.Stats()[0]
+		return err == nil && info.NumAckPending == 0 && info.NumPending == 0 && s.InFlight == 0
+	}, func() {
+		select {
+		case <-acked:
+			if restarted.CompareAndSwap(false, true) {
+				// The server dies: its connections drop with what it had
+				// sent (the held reply), and it comes back on its store.
+				proxy.Cut()
+				proxy.Release()
+				r.restart(t, 100*time.Millisecond)
+			}
+		default:
+		}
+	})
+	s := c.Stats()[0]
+	st := src.Stats()
+	mu.Lock()
+	defer mu.Unlock()
+	dups := 0
+	for id := range n {
+		switch seen[id] {
+		case 0:
+			t.Fatalf("message %d lost", id)
+		case 1:
+		default:
+			dups += seen[id] - 1
+		}
+	}
+	var settled uint64
+	for _, v := range s.Settled {
+		settled += v
+	}
+	t.Logf("handled %d, duplicates %d, acks re-sent %d, unconfirmed %d; stats %+v", handled.Load(), dups, st.AcksResent, st.AcksUnconfirmed, s)
+	if settled != s.Fetched || s.Settled[consumer.OutcomeSucceeded] != uint64(handled.Load()) {
+		t.Fatalf("settled %d of %d fetched, %d succeeded for %d handler runs", settled, s.Fetched, s.Settled[consumer.OutcomeSucceeded], handled.Load())
+	}
+	if st.AcksResent == 0 {
+		t.Fatal("no ack was re-sent: the reply was not lost")
+	}
+	if seen[target] != 1 {
+		t.Fatalf("target handled %d times: its ack was lost", seen[target])
+	}
+}
+
+// TestDurableDeletedIsRecreated deletes the durable a NewSourceFor Source
+// created while the route runs: the Source recreates it from the last ack
+// floor it saw, says so in the fetch error, and nothing is lost.
+func TestDurableDeletedIsRecreated(t *testing.T) {
+	r := newFaultRig(t)
+	const n = 3000
+	var src *natsadapter.Source
+	dups, s := faultRunWith(t, r, n, 1500, func() {
+		if err := r.js.DeleteConsumer(context.Background(), "WORK", "fault"); err != nil {
+			t.Error(err)
+		}
+	}, func(s *natsadapter.Source) { src = s })
+	st := src.Stats()
+	t.Logf("deleted: duplicates %d, recreated %d, fetch errors %d, settle errors %d, fetched %d", dups, st.Recreated, s.FetchErrors, s.SettleErrors, s.Fetched)
+	if st.Recreated != 1 || s.FetchErrors == 0 {
+		t.Fatalf("recreated %d times, %d fetch errors", st.Recreated, s.FetchErrors)
+	}
+	if dups >= n/2 {
+		t.Fatalf("%d duplicates: the recreated durable started from the beginning", dups)
+	}
+}
+
+// TestUserDurableDeletedFailsRoute deletes a durable the user created
+// (NewSource): the Source cannot know how to recreate it, so the route
+// stops with an error that says what happened.
+func TestUserDurableDeletedFailsRoute(t *testing.T) {
+	ctx, js := setup(t, 100)
+	cons, err := js.CreateOrUpdateConsumer(ctx, "WORK", jetstream.ConsumerConfig{Durable: "theirs", AckPolicy: jetstream.AckExplicitPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := natsadapter.NewSource(js, cons, natsadapter.SourceOptions{PollWait: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var handled atomic.Int64
+	c, err := consumer.New(consumer.Options{}, consumer.Route{Name: "theirs", Source: src, Workers: 2, MaxInFlight: 16, MaxInFlightBytes: 1 << 20,
+		Handler: func(context.Context, *consumer.Message) error { handled.Add(1); return nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- c.Run(ctx) }()
+	for handled.Load() < 100 {
+		select {
+		case err := <-errc:
+			t.Fatalf("run ended early: %v", err)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	if err := js.DeleteConsumer(ctx, "WORK", "theirs"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err = <-errc:
+	case <-time.After(10 * time.Second):
+		t.Fatal("route still running 10s after its durable was deleted")
+	}
+	if !errors.Is(err, natsadapter.ErrConsumerDeleted) || !errors.Is(err, consumer.ErrClosed) || !strings.Contains(err.Error(), `"theirs"`) {
+		t.Fatalf("run returned %v", err)
 	}
 }

@@ -614,3 +614,52 @@ func TestRouteRefusesMoreAttemptsThanMaxDeliver(t *testing.T) {
 		t.Fatalf("MaxAttempts 3 with MaxDeliver 2: %v", err)
 	}
 }
+
+// A user message with a header named Status and no payload looks like the
+// server's pull status messages; it is still a delivery (it carries an ack
+// subject) and reaches the handler.
+func TestStatusHeaderMessageReachesHandler(t *testing.T) {
+	ctx, js := setup(t, 0)
+	for _, m := range []*nats.Msg{
+		{Subject: "work.x", Data: []byte("a"), Header: nats.Header{"Id": {"0"}}},
+		{Subject: "work.x", Header: nats.Header{"Id": {"1"}, "Status": {"404"}, "Description": {"No Messages"}}},
+		{Subject: "work.x", Header: nats.Header{"Id": {"2"}, "Status": {"100"}}},
+		{Subject: "work.x", Data: []byte("d"), Header: nats.Header{"Id": {"3"}}},
+	} {
+		if _, err := js.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	src, err := natsadapter.NewSourceFor(ctx, js, "WORK", jetstream.ConsumerConfig{Durable: "status"}, 8, natsadapter.SourceOptions{PollWait: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	got := map[string]string{}
+	c, err := consumer.New(consumer.Options{}, consumer.Route{Name: "status", Source: src, Workers: 1, MaxInFlight: 8, MaxInFlightBytes: 1 << 20,
+		Handler: func(_ context.Context, m *consumer.Message) error {
+			mu.Lock()
+			got[m.Headers.Get("Id")] = m.Headers.Get("Status")
+			mu.Unlock()
+			return nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runUntil(t, c, 10*time.Second, func() bool { return c.Stats()[0].Settled[consumer.OutcomeSucceeded] >= 4 }, nil)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(got) != 4 || got["1"] != "404" || got["2"] != "100" {
+		t.Fatalf("handled %v", got)
+	}
+	if s := c.Stats()[0]; s.Fetched != 4 {
+		t.Fatalf("fetched %d", s.Fetched)
+	}
+	if n := src.Stats().StatusHeaderDeliveries; n != 2 {
+		t.Fatalf("StatusHeaderDeliveries %d, want 2", n)
+	}
+	info, err := src.Consumer().Info(ctx)
+	if err != nil || info.NumAckPending != 0 || info.NumPending != 0 {
+		t.Fatalf("not drained: %+v, %v", info, err)
+	}
+}

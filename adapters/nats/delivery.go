@@ -1,0 +1,134 @@
+package natsadapter
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/sluice-go/sluice/consumer"
+	"github.com/sluice-go/sluice/dlq"
+)
+
+// delivery is one JetStream delivery: the Message handed to the route, the
+// nats.Msg it came in, and its settlement, in one allocation.
+type delivery struct {
+	msg consumer.Message
+	m   *nats.Msg
+	src *Source
+	gen uint32 // src.gen when delivered
+	p   pendingSettle
+	// wait receives the settlement's outcome while Ack, Nak or Term
+	// blocks for it.
+	wait chan error
+}
+
+func (s *Source) convert(m *nats.Msg) *consumer.Message {
+	d := &delivery{m: m, src: s, gen: s.gen.Load()}
+	cm := &d.msg
+	cm.Topic = m.Subject
+	cm.Value = m.Data
+	cm.Headers = consumer.Headers(m.Header)
+	cm.Acker = d
+	cm.Origin = dlq.Origin{Topic: m.Subject, Stream: s.stream, Group: s.name, Partition: -1}
+	key := m.Subject
+	if s.opts.KeyHeader != "" {
+		if v := m.Header.Get(s.opts.KeyHeader); v != "" {
+			key = v
+		}
+	}
+	cm.Key = []byte(key)
+	size := int64(len(m.Data))
+	for k, vs := range m.Header {
+		for _, v := range vs {
+			size += int64(len(k) + len(v))
+		}
+	}
+	if len(m.Data) == 0 && m.Header.Get("Status") != "" {
+		s.c.statusHeaders.Add(1)
+	}
+	cm.Size = max(size, 1)
+	if md, ok := parseAck(m.Reply); ok {
+		cm.PublishedAt = md.timestamp
+		cm.Attempt = int(md.delivered)
+		cm.Origin.Sequence = md.streamSeq
+		cm.Origin.Stream = md.stream
+		cm.Origin.Group = md.consumer
+	}
+	return cm
+}
+
+// settle hands one settlement of d to the Source's settler. d.settled
+// receives the outcome exactly once.
+func (d *delivery) settle(ctx context.Context, k settleKind, delay time.Duration, reason string) {
+	if d.m.Reply == "" {
+		d.settled(nats.ErrMsgNoReply)
+		return
+	}
+	if d.gen != d.src.gen.Load() {
+		d.settled(errOldConsumer)
+		return
+	}
+	d.p = pendingSettle{subj: d.m.Reply, body: settleBody(k, delay, reason), kind: k,
+		confirm: !d.src.opts.AckAsync, d: d}
+	d.src.set.settle(ctx, &d.p)
+}
+
+// errOldConsumer completes a settlement of a delivery from a consumer that
+// was deleted and recreated since: the new consumer delivers the message
+// again.
+var errOldConsumer = fmt.Errorf("natsadapter: settle: %w (the message is delivered again by the recreated consumer)", ErrConsumerDeleted)
+
+// settled receives the outcome of d's settlement.
+func (d *delivery) settled(err error) {
+	if err != nil && !d.p.confirm {
+		d.src.c.settleErrors.Add(1)
+	}
+	if d.wait != nil {
+		d.wait <- err
+	}
+}
+
+// settleWait settles d and, in the confirmed mode, waits for the server's
+// answer. With AckAsync the settlement is queued for the writer and counts
+// as done (a publish error is counted in SourceStats.SettleErrors).
+func (d *delivery) settleWait(ctx context.Context, k settleKind, delay time.Duration, reason string) error {
+	if d.src.opts.AckAsync {
+		d.settle(ctx, k, delay, reason)
+		return nil
+	}
+	d.wait = make(chan error, 1)
+	d.settle(ctx, k, delay, reason)
+	return <-d.wait
+}
+
+func (d *delivery) Ack(ctx context.Context) error { return d.settleWait(ctx, kindAck, 0, "") }
+
+func (d *delivery) Nak(ctx context.Context, delay time.Duration) error {
+	return d.settleWait(ctx, kindNak, delay, "")
+}
+
+// Term terminates the delivery, with the reason in the server's advisory.
+func (d *delivery) Term(ctx context.Context, reason string) error {
+	return d.settleWait(ctx, kindTerm, 0, reason)
+}
+
+// InProgress extends the delivery's ack deadline (+WPI, not confirmed).
+func (d *delivery) InProgress(context.Context) error {
+	if d.m.Reply == "" {
+		return nats.ErrMsgNoReply
+	}
+	return d.src.nc.Publish(d.m.Reply, bodyWPI)
+}
+
+// MetadataOf returns the JetStream metadata of a message this package's
+// Source delivered (as nats.go parses it), for handlers that need more than
+// Message.Attempt, PublishedAt and Origin.
+func MetadataOf(m *consumer.Message) (*nats.MsgMetadata, error) {
+	d, ok := m.Acker.(*delivery)
+	if !ok {
+		return nil, fmt.Errorf("%w: not a natsadapter delivery", consumer.ErrInvalidOption)
+	}
+	return d.m.Metadata()
+}

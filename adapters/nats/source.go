@@ -1,0 +1,302 @@
+package natsadapter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluice-go/sluice/consumer"
+)
+
+// SourceOptions configure a Source. The zero value is usable.
+type SourceOptions struct {
+	// PollWait is the longest one Fetch waits for a first message. 0 means
+	// 1 s. Once a message is there, Fetch returns what the server has at
+	// that moment without waiting for the batch to fill.
+	PollWait time.Duration
+	// AckAsync settles with plain acks instead of server-confirmed ones:
+	// the settlement is written and the window slot returned without
+	// waiting for the server's answer. A settlement lost on the way is
+	// not noticed (the message is redelivered after AckWait, a duplicate).
+	// The confirmed default is pipelined, so it costs no worker a round
+	// trip; AckAsync saves the server's replies.
+	AckAsync bool
+	// KeyHeader names the header whose value becomes Message.Key, the key
+	// that orders messages on a keyed route. "" (the default) means the
+	// subject is the key; a message without the named header also gets
+	// its subject. (Before 1.0 the default was the Nats-Msg-Id header,
+	// which is unique per message and so orders nothing.)
+	KeyHeader string
+	// Window, when > 0, is the route's MaxInFlight: NewSource then refuses
+	// a consumer whose MaxAckPending is below it (the server would stall
+	// the route under its window). NewSourceFor sets it.
+	Window int
+	// AckTimeout is how long a settlement waits for the server's answer
+	// before it is re-sent (Ack and Term, at most twice) or given up as
+	// unconfirmed (the broker then redelivers the message after AckWait
+	// unless the settlement landed after all). After a reconnect,
+	// outstanding settlements are re-sent at once. 0 means 5 s.
+	AckTimeout time.Duration
+}
+
+// ErrPull wraps a pull request the server refused for a reason other than
+// "no messages" or "timeout" (for example 409 Consumer Deleted). The route
+// counts it as a fetch error and retries with backoff.
+var ErrPull = errors.New("natsadapter: pull request refused")
+
+// ErrConsumerDeleted is returned by Fetch when the JetStream consumer is
+// gone from the server. A Source made by NewSourceFor recreates it and
+// returns this error once (wrapped, with what it did) so the route counts
+// it; a Source wrapping a consumer the user created (NewSource) cannot
+// know how to recreate it and returns the error wrapped with
+// consumer.ErrClosed, which stops the route.
+var ErrConsumerDeleted = errors.New("natsadapter: consumer deleted on the server")
+
+// Source is a consumer.Source over a JetStream pull consumer. Fetch is meant
+// for one route's fetch loop; settlements may come from any goroutine.
+//
+// Each Fetch is one pull request for exactly what the caller asked for, by
+// count and bytes, sent with no_wait and an expiry: the server answers as
+// soon as it has at least one message and ends the request once it has no
+// more to give, so a half-full batch never waits for the expiry. Nothing is
+// buffered between Fetch calls: whatever the server delivers belongs to the
+// request the route's window made room for.
+//
+// jetstream's Fetch cannot express that request (its no-wait form has no
+// byte limit and no expiry, its waiting form holds a partial batch until the
+// expiry), so the Source sends the pull request itself on the connection
+// and settles deliveries with the JetStream ack protocol directly.
+type Source struct {
+	js     jetstream.JetStream
+	nc     *nats.Conn
+	opts   SourceOptions
+	stream string
+	name   string
+	next   string // the pull request subject
+	set    *settler
+	// owned is the config NewSourceFor created the consumer with; nil for
+	// a consumer the user owns (NewSource).
+	owned *jetstream.ConsumerConfig
+
+	mu     sync.Mutex
+	cons   jetstream.Consumer
+	sub    *nats.Subscription
+	ch     chan *nats.Msg
+	inbox  string
+	closed bool
+
+	// Used by the fetch loop only.
+	seq       uint64
+	req       openRequest
+	window    int       // the route's message window, sizes ch
+	infoAt    time.Time // when ackFloor was last read
+	ackFloor  uint64    // the consumer's ack floor (stream sequence) when last read
+	delivered int       // deliveries since infoAt
+
+	// gen counts recreations of the consumer: a settlement of a delivery
+	// from an earlier generation cannot land (the server ignores, without
+	// an answer, an ack for a sequence its new consumer has not delivered).
+	gen atomic.Uint32
+
+	c sourceCounters
+}
+
+type sourceCounters struct {
+	recreated     atomic.Uint64
+	statusHeaders atomic.Uint64
+	settleErrors  atomic.Uint64
+}
+
+// SourceStats are a Source's own counters.
+type SourceStats struct {
+	// Recreated counts consumers this Source recreated after they were
+	// deleted on the server (NewSourceFor only).
+	Recreated uint64
+	// StatusHeaderDeliveries counts deliveries with an empty payload and a
+	// header named Status: they look like the server's pull status
+	// messages, and are handed to the route like any other delivery
+	// (a real delivery carries a JetStream ack subject; a status does not).
+	StatusHeaderDeliveries uint64
+	// AcksResent counts settlements re-sent because the server's answer
+	// did not come (a reconnect, AckTimeout).
+	AcksResent uint64
+	// AcksUnconfirmed counts settlements completed with
+	// ErrAckUnconfirmed.
+	AcksUnconfirmed uint64
+	// SettleErrors counts unconfirmed (AckAsync) settlements the
+	// connection refused to send.
+	SettleErrors uint64
+}
+
+// Stats returns the Source's counters.
+func (s *Source) Stats() SourceStats {
+	return SourceStats{
+		Recreated:              s.c.recreated.Load(),
+		StatusHeaderDeliveries: s.c.statusHeaders.Load(),
+		AcksResent:             s.set.resent.Load(),
+		AcksUnconfirmed:        s.set.unconfirmed.Load(),
+		SettleErrors:           s.c.settleErrors.Load(),
+	}
+}
+
+var (
+	_ consumer.Source          = (*Source)(nil)
+	_ consumer.AckWaiter       = (*Source)(nil)
+	_ consumer.DeliveryLimiter = (*Source)(nil)
+)
+
+// NewSource wraps cons, a pull consumer with AckPolicy explicit reached
+// through js (its connection carries the pull requests). Use it to run a
+// consumer you already created under sluice; NewSourceFor creates one.
+func NewSource(js jetstream.JetStream, cons jetstream.Consumer, opts SourceOptions) (*Source, error) {
+	if js == nil || cons == nil {
+		return nil, fmt.Errorf("%w: nil jetstream or consumer", consumer.ErrInvalidOption)
+	}
+	if opts.PollWait < 0 {
+		return nil, fmt.Errorf("%w: PollWait %v is negative", consumer.ErrInvalidOption, opts.PollWait)
+	}
+	if opts.PollWait == 0 {
+		opts.PollWait = time.Second
+	}
+	if opts.PollWait < 10*time.Millisecond {
+		return nil, fmt.Errorf("%w: PollWait %v is below 10ms", consumer.ErrInvalidOption, opts.PollWait)
+	}
+	if opts.AckTimeout < 0 {
+		return nil, fmt.Errorf("%w: AckTimeout %v is negative", consumer.ErrInvalidOption, opts.AckTimeout)
+	}
+	if opts.AckTimeout == 0 {
+		opts.AckTimeout = 5 * time.Second
+	}
+	info := cons.CachedInfo()
+	if info == nil {
+		return nil, fmt.Errorf("%w: consumer has no cached info", consumer.ErrInvalidOption)
+	}
+	if info.Config.AckPolicy != jetstream.AckExplicitPolicy {
+		return nil, fmt.Errorf("%w: consumer %q must use AckPolicy explicit", consumer.ErrInvalidOption, info.Name)
+	}
+	if mp := info.Config.MaxAckPending; opts.Window > 0 && mp > 0 && mp < opts.Window {
+		return nil, fmt.Errorf("%w: consumer %q has MaxAckPending %d, below the route window %d", consumer.ErrInvalidOption, info.Name, mp, opts.Window)
+	}
+	if info.Config.DeliverSubject != "" {
+		return nil, fmt.Errorf("%w: consumer %q is a push consumer", consumer.ErrInvalidOption, info.Name)
+	}
+	jo := js.Options()
+	prefix := jetstream.DefaultAPIPrefix
+	switch {
+	case jo.Domain != "":
+		prefix = "$JS." + jo.Domain + ".API."
+	case jo.APIPrefix != "":
+		prefix = jo.APIPrefix
+		if prefix[len(prefix)-1] != '.' {
+			prefix += "."
+		}
+	}
+	nc := js.Conn()
+	return &Source{
+		js:       js,
+		cons:     cons,
+		nc:       nc,
+		opts:     opts,
+		stream:   info.Stream,
+		name:     info.Name,
+		next:     prefix + "CONSUMER.MSG.NEXT." + info.Stream + "." + info.Name,
+		set:      newSettler(nc, opts.AckTimeout),
+		window:   opts.Window,
+		infoAt:   time.Now(),
+		ackFloor: info.AckFloor.Stream,
+	}, nil
+}
+
+// NewSourceFor creates or updates the durable or ephemeral consumer cfg on
+// stream, with AckPolicy explicit and MaxAckPending at least window (0
+// means window; a smaller value is an error wrapping
+// consumer.ErrInvalidOption, since the broker would then stall the route
+// below its window), and wraps it. When several processes share one
+// durable, set MaxAckPending to the sum of their windows. If the consumer
+// is deleted on the server while the Source runs, the Source recreates it
+// (see ErrConsumerDeleted).
+func NewSourceFor(ctx context.Context, js jetstream.JetStream, stream string, cfg jetstream.ConsumerConfig, window int, opts SourceOptions) (*Source, error) {
+	if window <= 0 {
+		return nil, fmt.Errorf("%w: window must be > 0, got %d", consumer.ErrInvalidOption, window)
+	}
+	if cfg.AckPolicy != jetstream.AckExplicitPolicy && cfg.AckPolicy != 0 {
+		return nil, fmt.Errorf("%w: AckPolicy must be explicit", consumer.ErrInvalidOption)
+	}
+	cfg.AckPolicy = jetstream.AckExplicitPolicy
+	switch {
+	case cfg.MaxAckPending == 0:
+		cfg.MaxAckPending = window
+	case cfg.MaxAckPending > 0 && cfg.MaxAckPending < window:
+		return nil, fmt.Errorf("%w: MaxAckPending %d is below the route window %d", consumer.ErrInvalidOption, cfg.MaxAckPending, window)
+	}
+	cons, err := js.CreateOrUpdateConsumer(ctx, stream, cfg)
+	if err != nil {
+		return nil, err
+	}
+	opts.Window = window
+	s, err := NewSource(js, cons, opts)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Durable == "" && cfg.Name == "" {
+		cfg.Name = s.name // an ephemeral: recreate it under the name the server gave it
+	}
+	s.owned = &cfg
+	return s, nil
+}
+
+// Consumer returns the wrapped JetStream consumer (after a recreation, the
+// new one).
+func (s *Source) Consumer() jetstream.Consumer {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cons
+}
+
+func (s *Source) info() *jetstream.ConsumerInfo { return s.Consumer().CachedInfo() }
+
+// AckWait returns the consumer's AckWait, so the consumer keeps long
+// handlers alive with InProgress.
+func (s *Source) AckWait() time.Duration {
+	if info := s.info(); info != nil {
+		if info.Config.AckWait > 0 {
+			return info.Config.AckWait
+		}
+	}
+	return 30 * time.Second // the server default
+}
+
+// MaxDeliver returns the consumer's MaxDeliver (<= 0: unlimited), so the
+// route refuses more attempts than the server will deliver and dead-letters
+// the last delivery instead of nak'ing it away (consumer.DeliveryLimiter).
+func (s *Source) MaxDeliver() int {
+	if info := s.info(); info != nil {
+		return info.Config.MaxDeliver
+	}
+	return 0
+}
+
+// Close drops the Source's subscriptions. Fetch then returns
+// consumer.ErrClosed. Settlements still waiting for the server's answer
+// complete with ErrAckUnconfirmed (the broker redelivers those messages
+// unless the settlement landed); later settlements fail.
+func (s *Source) Close() error {
+	s.mu.Lock()
+	s.closed = true
+	sub := s.sub
+	s.sub = nil
+	s.mu.Unlock()
+	err := s.set.close()
+	if sub != nil {
+		if uerr := sub.Unsubscribe(); uerr != nil && !errors.Is(uerr, nats.ErrConnectionClosed) && !errors.Is(uerr, nats.ErrBadSubscription) {
+			err = errors.Join(err, uerr)
+		}
+	}
+	return err
+}
