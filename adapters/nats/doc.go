@@ -24,12 +24,20 @@
 //
 // # Settlement
 //
-// Success is acked with a server-confirmed ack (the double ack of nats.go)
-// by default: the consumer returns window capacity only once a delivery is
-// settled, and at-least-once processing wants to know the ack landed (a
-// lost plain ack becomes a redelivery after AckWait, a duplicate nobody saw
-// coming). A confirmed ack costs a round trip per message; set
-// SourceOptions.AckAsync for the plain ack when duplicates are cheap.
+// Settlements (Ack, Nak with a delay, Term with a reason) are
+// server-confirmed by default: each is sent with a reply subject on the
+// Source's own inbox, and a delivery is settled only when the server's
+// answer arrives; at-least-once processing wants to know the settlement
+// landed (a lost plain ack becomes a redelivery after AckWait, a duplicate
+// nobody saw coming). Workers hand settlements to one writer per Source,
+// which publishes everything queued back to back, so many settlements share
+// one write whatever the number of workers. An answer that does not come
+// (its connection dropped, the server restarted) is handled: Ack and Term
+// are re-sent at once after a reconnect, or after AckTimeout (both are
+// idempotent on the server), at most twice; a Nak is not re-sent (the
+// broker redelivers a message whose nak was lost anyway). A settlement
+// still unanswered completes with ErrAckUnconfirmed: it is never counted
+// settled on a guess. SourceOptions.AckAsync sends plain acks instead.
 // Retries are NakWithDelay with the route's jittered backoff; dead letters
 // are written to the DLQ stream and only then is the original terminated
 // (+TERM with the reason); long handlers are kept alive with InProgress at a
@@ -37,6 +45,17 @@
 // (NumDelivered), so it survives process restarts. Keep the consumer's
 // MaxDeliver unlimited (-1) or above the route's Retry.MaxAttempts, so the
 // last attempt is dead-lettered before the server gives up on it.
+//
+// # Faults
+//
+// A delivery that is not a pull status (it carries a JetStream ack
+// subject) reaches the route even when it has an empty payload and a
+// header named Status. When the consumer is deleted on the server while
+// the route runs, a Source made by NewSourceFor recreates it, delivering
+// again from the last ack floor it read (at most a second or 1,024
+// deliveries old: duplicates, never a gap) and reports ErrConsumerDeleted
+// once as a fetch error; a Source over a consumer the user created stops
+// the route with ErrConsumerDeleted (wrapping consumer.ErrClosed).
 //
 // # Dead letters
 //
