@@ -1,13 +1,16 @@
 package kafkaadapter_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
-	"sort"
+	"runtime/pprof"
+	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -18,131 +21,90 @@ import (
 	"github.com/sluice-go/sluice/internal/kafkatest"
 )
 
-// BenchmarkConsume compares, side by side on the same broker, a sluice
-// route (no-op handler) with a raw kafka-go group Reader (FetchMessage +
-// CommitMessages, CommitInterval 1 s), consuming b.N messages of 128 B
-// from 4 partitions (each run includes joining the group). Run with
-// -count 5 and compare the medians of msg/s:
+// The drain benchmarks consume a backlog of b.N messages of 256 B on 4
+// partitions with a no-op handler: BenchmarkDrainRaw with a tuned kafka-go
+// group Reader (QueueCapacity 1000, CommitInterval 1 s, FetchMessage +
+// CommitMessages), BenchmarkDrainSluice with a sluice route on a Source
+// (window 1024 messages / 4 MiB, 4 workers, commits every 1 s). Producing
+// the backlog and joining the group are not timed: the clock runs from
+// the first message to the last, so neither the join nor the Reader's
+// Close (which waits out its long poll) is in the figure. Run them as
+// interleaved pairs with scripts/kafka-benchpairs (medians of ns/op,
+// cpu-ns/msg and their ratios):
 //
-//	go test -run '^$' -bench 'Consume$' -benchtime 50000x -count 5 ./adapters/kafka
-func BenchmarkConsume(b *testing.B) {
-	b.Run("sluice", func(b *testing.B) { benchConsume(b, consumeSluice) })
-	b.Run("raw", func(b *testing.B) { benchConsume(b, consumeRaw) })
-}
-
-// BenchmarkConsumePairs runs 5 interleaved pairs (sluice, then raw) of
-// 50k messages each per iteration and reports the medians and their ratio:
+//	scripts/kafka-benchpairs 7 200000x                      # kfake in process
+//	KAFKA_BROKERS=127.0.0.1:PORT scripts/kafka-benchpairs 7 200000x
 //
-//	go test -run '^$' -bench ConsumePairs -benchtime 1x ./adapters/kafka
-func BenchmarkConsumePairs(b *testing.B) {
-	const n, pairs = 50000, 5
-	for range b.N {
-		var sl, raw []float64
-		for range pairs {
-			for _, side := range []struct {
-				fn  func(*testing.B, string, int)
-				out *[]float64
-			}{{consumeSluice, &sl}, {consumeRaw, &raw}} {
-				b.StopTimer()
-				topic := cluster.Topic(b, "pairs", 4)
-				produceN(b, topic, n, 128, nil)
-				b.StartTimer()
-				start := time.Now()
-				side.fn(b, topic, n)
-				*side.out = append(*side.out, float64(n)/time.Since(start).Seconds())
-			}
-		}
-		ms, mr := median(sl), median(raw)
-		b.ReportMetric(ms, "sluice-msg/s")
-		b.ReportMetric(mr, "raw-msg/s")
-		b.ReportMetric(ms/mr, "ratio")
-	}
-}
+// cpu-ns/msg is the process's user+system CPU over the timed part per
+// message; on kfake it includes the in-process broker.
+func BenchmarkDrainRaw(b *testing.B)    { benchDrain(b, drainRaw) }
+func BenchmarkDrainSluice(b *testing.B) { benchDrain(b, drainSluice) }
 
-func median(xs []float64) float64 {
-	s := append([]float64(nil), xs...)
-	sort.Float64s(s)
-	return s[len(s)/2]
-}
+const drainPartitions, drainSize = 4, 256
 
-// BenchmarkMemoryBacklog consumes a backlog of 1 KiB messages with a no-op
-// handler and reports the peak live heap growth over the live heap after
-// producing (the broker's copy, in process on kfake, is in the baseline;
-// on kfake the growth also holds kfake's own fetch responses) next to the
-// window plus the Source's prefetch bound. The growth should not depend on
-// the backlog:
-//
-//	go test -run '^$' -bench MemoryBacklog -benchtime 1x ./adapters/kafka
-func BenchmarkMemoryBacklog(b *testing.B) {
-	for _, backlog := range []int{10000, 200000} {
-		b.Run(fmt.Sprintf("backlog=%d", backlog), func(b *testing.B) {
-			for range b.N {
-				b.StopTimer()
-				topic := cluster.Topic(b, "mem", 4)
-				produceN(b, topic, backlog, 1024, nil)
-				// Live heap, not HeapInuse: with the broker's backlog in
-				// process, GOGC headroom alone would be hundreds of MiB of
-				// garbage. GC often, and sample the heap marked live.
-				old := debug.SetGCPercent(5)
-				runtime.GC()
-				live := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
-				metrics.Read(live)
-				base := live[0].Value.Uint64()
-				var peak atomic.Uint64
-				stop := make(chan struct{})
-				sampled := make(chan struct{})
-				go func() {
-					defer close(sampled)
-					t := time.NewTicker(time.Millisecond)
-					defer t.Stop()
-					s := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
-					for {
-						select {
-						case <-stop:
-							return
-						case <-t.C:
-						}
-						metrics.Read(s)
-						if v := s[0].Value.Uint64(); v > peak.Load() {
-							peak.Store(v)
-						}
-					}
-				}()
-				b.StartTimer()
-				bound := consumeSluiceWindow(b, topic, backlog, kafkaadapter.Window{Messages: 512, Bytes: 1 << 20})
-				b.StopTimer()
-				close(stop)
-				<-sampled
-				debug.SetGCPercent(old)
-				growth := int64(peak.Load()) - int64(base)
-				b.ReportMetric(float64(growth)/(1<<20), "heap-growth-MiB")
-				b.ReportMetric(float64(bound)/(1<<20), "window+prefetch-MiB")
-			}
-		})
-	}
-}
+// drainFn consumes n messages of topic, calling first after the first one
+// and returning once the last is handled.
+type drainFn func(b *testing.B, topic string, n int, first func())
 
-func benchConsume(b *testing.B, consume func(b *testing.B, topic string, n int)) {
-	topic := cluster.Topic(b, "bench", 4)
-	n := max(b.N, 1000)
-	produceN(b, topic, n, 128, nil)
-	b.SetBytes(128)
+func benchDrain(b *testing.B, drain drainFn) {
+	n := b.N
+	topic := cluster.Topic(b, "drain", drainPartitions)
+	produceN(b, topic, n, drainSize, nil)
+	runtime.GC()
+	var cpu0 time.Duration
+	var t0 time.Time
 	b.ResetTimer()
-	start := time.Now()
-	consume(b, topic, n)
-	b.ReportMetric(float64(n)/time.Since(start).Seconds(), "msg/s")
+	b.StopTimer()
+	drain(b, topic, n, func() {
+		cpu0, t0 = cpuTime(), time.Now()
+		b.StartTimer()
+	})
+	b.StopTimer()
+	cpu := cpuTime() - cpu0
+	b.ReportMetric(float64(cpu.Nanoseconds())/float64(n), "cpu-ns/msg")
+	b.ReportMetric(float64(n)/time.Since(t0).Seconds(), "msg/s")
 }
 
-func consumeSluice(b *testing.B, topic string, n int) {
-	consumeSluiceWindow(b, topic, n, kafkaadapter.Window{Messages: 1024, Bytes: 4 << 20})
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// consumeSluiceWindow consumes n messages through a route with window w and
-// returns the window plus the Source's prefetch bound in bytes.
-func consumeSluiceWindow(b *testing.B, topic string, n int, w kafkaadapter.Window) int64 {
+func drainRaw(b *testing.B, topic string, n int, first func()) {
+	r := kafka.NewReader(kafka.ReaderConfig{
+		Brokers: cluster.Brokers, GroupID: kafkatest.UniqueName("drain-raw"), Topic: topic,
+		QueueCapacity: 1000, CommitInterval: time.Second, StartOffset: kafka.FirstOffset,
+		SessionTimeout: 6 * time.Second, HeartbeatInterval: time.Second, MaxWait: 250 * time.Millisecond,
+	})
+	defer r.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	for i := 0; i < n; i++ {
+		m, err := r.FetchMessage(ctx)
+		if err != nil {
+			b.Fatalf("raw consumed %d of %d: %v", i, n, err)
+		}
+		if i == 0 {
+			first()
+		}
+		if err := r.CommitMessages(ctx, m); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+}
+
+func drainSluice(b *testing.B, topic string, n int, first func()) {
+	drainSluiceWindow(b, topic, n, kafkaadapter.Window{Messages: 1024, Bytes: 4 << 20}, first)
+}
+
+// drainSluiceWindow consumes n messages through a route with window w and
+// returns the window plus the Source's bound in bytes.
+func drainSluiceWindow(b *testing.B, topic string, n int, w kafkaadapter.Window, first func()) int64 {
 	var done atomic.Int64
-	finished := make(chan struct{})
-	cfg := testConfig(kafkatest.UniqueName("bench"), topic)
+	started, finished := make(chan struct{}), make(chan struct{})
+	cfg := testConfig(kafkatest.UniqueName("drain"), topic)
 	cfg.Window = w
 	cfg.CommitInterval = time.Second
 	src, err := kafkaadapter.NewSource(cfg)
@@ -151,9 +113,12 @@ func consumeSluiceWindow(b *testing.B, topic string, n int, w kafkaadapter.Windo
 	}
 	defer src.Close()
 	c, err := consumer.New(consumer.Options{}, consumer.Route{
-		Name: "bench", Source: src, Workers: 4, MaxInFlight: w.Messages, MaxInFlightBytes: w.Bytes,
+		Name: "drain", Source: src, Workers: 4, MaxInFlight: w.Messages, MaxInFlightBytes: w.Bytes,
 		Handler: func(ctx context.Context, m *consumer.Message) error {
-			if done.Add(1) == int64(n) {
+			switch done.Add(1) {
+			case 1:
+				close(started)
+			case int64(n):
 				close(finished)
 			}
 			return nil
@@ -165,34 +130,171 @@ func consumeSluiceWindow(b *testing.B, topic string, n int, w kafkaadapter.Windo
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
 	go func() { errc <- c.Run(ctx) }()
-	select {
-	case <-finished:
-	case <-time.After(2 * time.Minute):
-		b.Errorf("sluice consumed %d of %d", done.Load(), n)
+	for _, ch := range []chan struct{}{started, finished} {
+		select {
+		case <-ch:
+		case <-time.After(5 * time.Minute):
+			b.Fatalf("sluice consumed %d of %d", done.Load(), n)
+		}
+		if ch == started {
+			first()
+		}
 	}
+	b.StopTimer()
 	cancel()
 	if err := <-errc; err != nil {
 		b.Fatal(err)
 	}
-	return w.Bytes + src.Bound(0, 4)
+	return w.Bytes + src.Bound(0, 1)
 }
 
-func consumeRaw(b *testing.B, topic string, n int) {
-	r := kafka.NewReader(kafka.ReaderConfig{
-		Brokers: cluster.Brokers, GroupID: kafkatest.UniqueName("bench-raw"), Topic: topic,
-		CommitInterval: time.Second, SessionTimeout: 6 * time.Second, HeartbeatInterval: 250 * time.Millisecond,
-		MaxWait: 100 * time.Millisecond, StartOffset: kafka.FirstOffset,
-	})
-	defer r.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	for i := 0; i < n; i++ {
-		m, err := r.FetchMessage(ctx)
-		if err != nil {
-			b.Fatalf("raw consumed %d of %d: %v", i, n, err)
+// BenchmarkMemoryBacklog drains a backlog of 1 KiB messages with a no-op
+// handler and reports the peak live heap growth over the live heap after
+// producing (on kfake the broker's copy is in the baseline, and the growth
+// also holds kfake's own fetch responses) next to the window plus the
+// Source's bound. The growth should not depend on the backlog:
+//
+//	go test -run '^$' -bench MemoryBacklog -benchtime 1x ./adapters/kafka
+func BenchmarkMemoryBacklog(b *testing.B) {
+	for _, backlog := range []int{10000, 200000} {
+		b.Run(fmt.Sprintf("backlog=%d", backlog), func(b *testing.B) {
+			for range b.N {
+				b.StopTimer()
+				topic := cluster.Topic(b, "mem", 4)
+				produceN(b, topic, backlog, 1024, nil)
+				peak, base, stop := sampleLiveHeap()
+				b.StartTimer()
+				bound := drainSluiceWindow(b, topic, backlog, kafkaadapter.Window{Messages: 512, Bytes: 1 << 20}, func() {})
+				stop()
+				b.ReportMetric(float64(int64(peak.Load())-int64(base))/(1<<20), "heap-growth-MiB")
+				b.ReportMetric(float64(bound)/(1<<20), "window+bound-MiB")
+			}
+		})
+	}
+}
+
+// sampleLiveHeap GCs often and samples the live heap every millisecond
+// until stop: live heap, not HeapInuse, because with the broker's backlog
+// in process (kfake) GOGC headroom alone would be hundreds of MiB.
+func sampleLiveHeap() (peak *atomic.Uint64, base uint64, stop func()) {
+	old := debug.SetGCPercent(5)
+	runtime.GC()
+	s := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
+	metrics.Read(s)
+	base = s[0].Value.Uint64()
+	peak = new(atomic.Uint64)
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(time.Millisecond)
+		defer t.Stop()
+		s := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
+		for {
+			select {
+			case <-quit:
+				return
+			case <-t.C:
+			}
+			metrics.Read(s)
+			if v := s[0].Value.Uint64(); v > peak.Load() {
+				peak.Store(v)
+			}
 		}
-		if err := r.CommitMessages(ctx, m); err != nil {
-			b.Fatal(err)
+	}()
+	return peak, base, func() {
+		close(quit)
+		<-done
+		debug.SetGCPercent(old)
+	}
+}
+
+// BenchmarkIdleRoutes starts 100 routes on one Cluster, each a Source of
+// its own group on its own topic, among 400 other topics, waits until all
+// are assigned and then idle, and reports per route the live heap and the
+// goroutines they added (not counting kfake's), and the CPU the process spent over 5 s of idling
+// (percent of one core; on kfake it includes the in-process broker):
+//
+//	go test -run '^$' -bench IdleRoutes -benchtime 1x ./adapters/kafka
+func BenchmarkIdleRoutes(b *testing.B) {
+	const routes, others = 100, 400
+	for range b.N {
+		b.StopTimer()
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		var topics []string
+		for i := range routes + others {
+			topics = append(topics, kafkatest.UniqueName(fmt.Sprintf("idle%d", i)))
+		}
+		createTopics(b, ctx, topics, 1)
+		runtime.GC()
+		g0, h0 := clientGoroutines(), liveHeap()
+		kc := &kafkaadapter.Cluster{Brokers: cluster.Brokers}
+		var srcs []*kafkaadapter.Source
+		for i := range routes {
+			cfg := testConfig(kafkatest.UniqueName("idle"), topics[i])
+			cfg.Cluster = kc
+			cfg.HeartbeatInterval, cfg.FetchMaxWait, cfg.PollWait, cfg.CommitInterval = 0, 0, 0, 0 // the defaults
+			src, err := kafkaadapter.NewSource(cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			srcs = append(srcs, src)
+		}
+		for _, src := range srcs {
+			if err := src.Ready(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+		time.Sleep(2 * time.Second) // settle: first fetches, metadata
+		runtime.GC()
+		g1, h1 := clientGoroutines(), liveHeap()
+		c0, t0 := cpuTime(), time.Now()
+		b.StartTimer()
+		time.Sleep(5 * time.Second)
+		b.StopTimer()
+		cpu := float64(cpuTime()-c0) / float64(time.Since(t0))
+		for _, src := range srcs {
+			_ = src.Close()
+		}
+		cancel()
+		b.ReportMetric(float64(int64(h1)-int64(h0))/routes/1024, "heap-KiB/route")
+		b.ReportMetric(float64(g1-g0)/routes, "goroutines/route")
+		b.ReportMetric(100*cpu, "cpu-%core")
+	}
+}
+
+// clientGoroutines counts the goroutines outside kfake (whose in-process
+// broker runs two per client connection).
+func clientGoroutines() int {
+	var buf bytes.Buffer
+	_ = pprof.Lookup("goroutine").WriteTo(&buf, 1)
+	n := 0
+	for _, stack := range strings.Split(buf.String(), "\n\n") {
+		var count int
+		if _, err := fmt.Sscanf(stack, "%d @", &count); err == nil && !strings.Contains(stack, "pkg/kfake") {
+			n += count
+		}
+	}
+	return n
+}
+
+func liveHeap() uint64 {
+	s := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
+}
+
+func createTopics(b *testing.B, ctx context.Context, topics []string, partitions int) {
+	var cfgs []kafka.TopicConfig
+	for _, t := range topics {
+		cfgs = append(cfgs, kafka.TopicConfig{Topic: t, NumPartitions: partitions, ReplicationFactor: 1})
+	}
+	res, err := cluster.Client().CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: cfgs})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for t, err := range res.Errors {
+		if err != nil {
+			b.Fatalf("create %s: %v", t, err)
 		}
 	}
 }

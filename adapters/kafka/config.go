@@ -13,12 +13,12 @@ import (
 // Defaults of Config.
 const (
 	DefaultCommitInterval     = time.Second
-	DefaultFetchMaxWait       = 250 * time.Millisecond
+	DefaultFetchMaxWait       = time.Second
 	DefaultPollWait           = time.Second
 	DefaultRevokeGrace        = 2 * time.Second
 	DefaultLocalRetryMaxDelay = 5 * time.Second
 	DefaultSessionTimeout     = 10 * time.Second
-	DefaultHeartbeatInterval  = time.Second
+	DefaultHeartbeatInterval  = 3 * time.Second
 	DefaultRebalanceTimeout   = 10 * time.Second
 	maxFetchBytes             = 1 << 20
 )
@@ -59,8 +59,9 @@ type Config struct {
 	// PrefetchBytes/4, at most 1 MiB.
 	FetchMaxBytes int
 	// FetchMaxWait is how long the broker holds a fetch when no data is
-	// there. 0 means 250 ms. It also bounds how fast a partition's fetcher
-	// notices a rebalance.
+	// there. 0 means 1 s. It delays nothing (a fetch returns as soon as a
+	// record arrives): an idle Source sends one fetch per leader broker per
+	// FetchMaxWait, so it sets what idle routes cost.
 	FetchMaxWait time.Duration
 	// PollWait is the longest one Fetch blocks without a message. 0 means 1 s.
 	PollWait time.Duration
@@ -76,7 +77,7 @@ type Config struct {
 	StartOffset int64
 
 	// Group membership timing; see kafka.ConsumerGroupConfig. 0 means 10 s,
-	// 1 s and 10 s. Brokers refuse session timeouts below their
+	// 3 s and 10 s. Brokers refuse session timeouts below their
 	// group.min.session.timeout.ms (6 s by default, kfake too).
 	SessionTimeout    time.Duration
 	HeartbeatInterval time.Duration

@@ -81,7 +81,8 @@ func NewReaderSource(r *kafka.Reader, opts ReaderOptions) (*Source, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	s := &Source{cfg: cfg, clock: cfg.Clock, done: make(chan struct{})}
+	s := &Source{cfg: cfg, clock: cfg.Clock, done: make(chan struct{}), ready: make(chan struct{})}
+	close(s.ready)
 	if s.clock == nil {
 		s.clock = sysClock{}
 	}

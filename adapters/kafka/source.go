@@ -40,6 +40,8 @@ type Source struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	done   chan struct{}
+	ready  chan struct{} // closed when the first generation started
+	once   sync.Once
 	closed atomic.Bool
 	// gens counts the goroutines run in generations: Generation.Start on
 	// a generation that closed already (Close racing a new generation)
@@ -70,6 +72,9 @@ type generation struct {
 	outstanding atomic.Int64 // handed out, not settled or put back
 	settled     atomic.Int64 // since the last commit, for CommitEvery
 	kick        chan struct{}
+	// ctx ends with the generation (cancelled by its commit loop).
+	ctx    context.Context
+	cancel context.CancelFunc
 }
 
 type partition struct {
@@ -165,7 +170,7 @@ func NewSource(cfg Config) (*Source, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: kafka source: %v", consumer.ErrInvalidOption, err)
 	}
-	s := &Source{cfg: cfg, cg: cg, clock: cfg.Clock, done: make(chan struct{})}
+	s := &Source{cfg: cfg, cg: cg, clock: cfg.Clock, done: make(chan struct{}), ready: make(chan struct{})}
 	if s.clock == nil {
 		s.clock = sysClock{}
 	}
@@ -232,6 +237,32 @@ func (s *Source) Stats() Stats {
 		st.Generation = g.id
 	}
 	return st
+}
+
+// Ready waits until the Source has joined its group and has its first
+// generation's assignment (possibly no partitions, when the group has more
+// members than partitions), and returns nil; or returns the error that
+// keeps it from joining (a session timeout the broker refuses, missing
+// authorization), ctx's error, or ErrClosed. A consumer does not need to
+// wait for it; tests and benchmarks that start timing, and services that
+// report readiness, do.
+func (s *Source) Ready(ctx context.Context) error {
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.ready:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-s.done:
+			return fmt.Errorf("kafka source: %w", consumer.ErrClosed)
+		case <-t.C:
+			if e := s.groupErr.Load(); e != nil {
+				return *e
+			}
+		}
+	}
 }
 
 // Assigned returns the partitions of the current generation, topic →
@@ -311,6 +342,7 @@ func (s *Source) errorf(format string, args ...any) {
 func (s *Source) start(g *kafka.Generation) {
 	s.stats.generations.Add(1)
 	gen := &generation{src: s, g: g, id: g.ID, kick: make(chan struct{}, 1)}
+	gen.ctx, gen.cancel = context.WithCancel(s.ctx)
 	for topic, as := range g.Assignments {
 		for _, a := range as {
 			gen.parts = append(gen.parts, &partition{gen: gen, topic: topic, id: a.ID, wm: NewWatermark(),
@@ -321,10 +353,16 @@ func (s *Source) start(g *kafka.Generation) {
 	if old := s.cur.Swap(gen); old != nil {
 		old.ending.Store(true)
 	}
+	s.once.Do(func() { close(s.ready) })
 	if len(gen.parts) > 0 {
-		s.goGen(g, func(ctx context.Context) { s.fetchLoop(ctx, gen) })
+		// The fetcher runs on gen.ctx, a plain cancel context the commit
+		// loop cancels when the generation ends: a context derived from
+		// kafka-go's generation context costs a goroutine per request.
+		s.goGen(g, func(context.Context) { s.fetchLoop(gen.ctx, gen) })
 	}
-	s.goGen(g, func(ctx context.Context) { s.commitLoop(ctx, gen) })
+	s.goGen(g, func(ctx context.Context) {
+		s.commitLoop(ctx, gen)
+	})
 }
 
 func (s *Source) goGen(g *kafka.Generation, fn func(ctx context.Context)) {
@@ -454,6 +492,7 @@ func (s *Source) commitLoop(ctx context.Context, g *generation) {
 	for {
 		select {
 		case <-ctx.Done():
+			g.cancel()
 			g.ending.Store(true)
 			s.stats.dropped.Add(int64(s.buf.purge(g)))
 			if s.cfg.RevokeGrace > 0 {
