@@ -27,13 +27,40 @@ type SinkOptions struct {
 }
 
 // DeadLetterSink is a dlq.Sink that publishes letters to a JetStream stream.
-// Write returns after the server's PubAck; a retried write of the same
-// letter is deduplicated through Nats-Msg-Id.
+// Write returns after the server's PubAck.
+//
+// Every write of one message's letter carries the same Nats-Msg-Id (see
+// DedupID), so a write the stream stored but whose PubAck was lost, retried
+// in process or after a redelivery, is dropped by the server as a
+// duplicate within the stream's duplicate window (2 minutes by default;
+// keep it above AckWait × MaxDeliver if redeliveries retry writes).
+//
+// A letter is made to fit the server's limits (dlq.Letter.Encode): original
+// headers too large for JetStream's 64 KiB header limit move into the
+// stored value, and what still exceeds the stream's maximum message size
+// is cut with a Sluice-Dlq-Truncated marker.
 type DeadLetterSink struct {
 	js     jetstream.JetStream
 	stream string
 	prefix string
+	limits dlq.Limits
 }
+
+// StoreMetadataKey marks a stream as a sluice dead-letter store in its
+// metadata; purge tools refuse streams without it (or without letters).
+const StoreMetadataKey = "sluice.store"
+
+// Values of StoreMetadataKey.
+const (
+	StoreDeadLetters = "dead-letters"
+)
+
+// maxHeaderBytes is JetStream's limit on a stored message's headers.
+const maxHeaderBytes = 65535
+
+// sinkReserve leaves room for the headers Write adds after Encode
+// (Nats-Msg-Id, the producer's moved id).
+const sinkReserve = 512
 
 var _ dlq.Sink = (*DeadLetterSink)(nil)
 
@@ -47,19 +74,29 @@ func NewDeadLetterSink(ctx context.Context, js jetstream.JetStream, opts SinkOpt
 		opts.SubjectPrefix = DefaultDLQSubject
 	}
 	opts.SubjectPrefix = strings.TrimSuffix(opts.SubjectPrefix, ".")
-	_, err := js.Stream(ctx, opts.Stream)
+	st, err := js.Stream(ctx, opts.Stream)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		_, err = js.CreateStream(ctx, jetstream.StreamConfig{
-			Name:      opts.Stream,
-			Subjects:  []string{opts.SubjectPrefix + ".>"},
-			Storage:   jetstream.FileStorage,
-			Retention: jetstream.LimitsPolicy,
+		st, err = js.CreateStream(ctx, jetstream.StreamConfig{
+			Name:        opts.Stream,
+			Description: "sluice dead letters",
+			Subjects:    []string{opts.SubjectPrefix + ".>"},
+			Storage:     jetstream.FileStorage,
+			Retention:   jetstream.LimitsPolicy,
+			Metadata:    map[string]string{StoreMetadataKey: StoreDeadLetters},
 		})
 	}
 	if err != nil {
 		return nil, fmt.Errorf("natsadapter: dead-letter stream %q: %w", opts.Stream, err)
 	}
-	return &DeadLetterSink{js: js, stream: opts.Stream, prefix: opts.SubjectPrefix}, nil
+	maxBytes := int(js.Conn().MaxPayload())
+	if m := int(st.CachedInfo().Config.MaxMsgSize); m > 0 && (maxBytes <= 0 || m < maxBytes) {
+		maxBytes = m
+	}
+	lim := dlq.Limits{MaxHeaderBytes: maxHeaderBytes - sinkReserve}
+	if maxBytes > 0 {
+		lim.MaxBytes = max(maxBytes-sinkReserve, 1)
+	}
+	return &DeadLetterSink{js: js, stream: opts.Stream, prefix: opts.SubjectPrefix, limits: lim}, nil
 }
 
 // Stream returns the dead-letter stream's name.
@@ -79,17 +116,50 @@ const HeaderOriginalMsgID = dlq.HeaderPrefix + "Original-Msg-Id"
 
 // Write publishes l and waits for the PubAck.
 func (s *DeadLetterSink) Write(ctx context.Context, l *dlq.Letter) error {
-	h := nats.Header(l.EnvelopeHeaders())
-	if id := h.Get(jetstream.MsgIDHeader); id != "" {
-		h.Set(HeaderOriginalMsgID, id)
-		h.Del(jetstream.MsgIDHeader)
+	// The producer's Nats-Msg-Id moves aside: the letter's own is the
+	// dedup id of this write.
+	lc := *l
+	var producerID string
+	if ids := l.Headers[jetstream.MsgIDHeader]; len(ids) > 0 {
+		producerID = ids[0]
+		lc.Headers = make(map[string][]string, len(l.Headers))
+		for k, v := range l.Headers {
+			if k != jetstream.MsgIDHeader {
+				lc.Headers[k] = v
+			}
+		}
 	}
-	msg := &nats.Msg{Subject: s.Subject(l.Route), Data: l.Value, Header: h}
-	id := fmt.Sprintf("%s:%d:%d", l.Origin.Stream, l.Origin.Sequence, l.Attempts)
-	if _, err := s.js.PublishMsg(ctx, msg, jetstream.WithMsgID(id)); err != nil {
+	_, value, headers := lc.Encode(s.limits)
+	h := nats.Header(headers)
+	if producerID != "" {
+		h.Set(HeaderOriginalMsgID, producerID)
+	}
+	msg := &nats.Msg{Subject: s.Subject(l.Route), Data: value, Header: h}
+	var opts []jetstream.PublishOpt
+	if id := DedupID(l); id != "" {
+		opts = append(opts, jetstream.WithMsgID(id))
+	}
+	if _, err := s.js.PublishMsg(ctx, msg, opts...); err != nil {
 		return fmt.Errorf("natsadapter: dead letter: %w", err)
 	}
 	return nil
+}
+
+// DedupID is the Nats-Msg-Id of l's write: the same for every retry of one
+// message's letter, different for every other message. It names the
+// origin (JetStream stream and sequence, or Kafka topic, partition and
+// offset), the consumer group or durable and the route; "" when the
+// letter names no origin position (then a retried write may store the
+// letter twice: nothing is lost).
+func DedupID(l *dlq.Letter) string {
+	o := l.Origin
+	switch {
+	case o.Stream != "" && o.Sequence > 0:
+		return fmt.Sprintf("sluice-dlq:%s:%d:%s:%s", o.Stream, o.Sequence, o.Group, l.Route)
+	case o.Topic != "" && o.Partition >= 0:
+		return fmt.Sprintf("sluice-dlq:%s/%d@%d:%s:%s", o.Topic, o.Partition, o.Offset, o.Group, l.Route)
+	}
+	return ""
 }
 
 func sanitize(s string) string {
