@@ -229,7 +229,7 @@ func decodeLetter(subject string, seq uint64, data []byte, h nats.Header, ts tim
 		if l.Headers == nil {
 			l.Headers = map[string][]string{}
 		}
-		l.Replays, _ = strconv.Atoi(h.Get(dlq.HeaderReplayCount))
+		l.Replays = dlq.ParseReplayCount(h.Get(dlq.HeaderReplayCount))
 		return l, nil
 	}
 	var key []byte
@@ -312,7 +312,16 @@ func (t *ReplayTarget) Publish(ctx context.Context, m *dlq.Outgoing) error {
 	}
 	ack, err := t.js.PublishMsg(ctx, &nats.Msg{Subject: m.Topic, Data: m.Value, Header: h})
 	if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) {
-		return fmt.Errorf("natsadapter: replay to %q: no stream captures that subject: %w", m.Topic, err)
+		// No responders can be a stream leader moving: undeliverable only
+		// when no stream is configured for the subject.
+		if _, serr := t.js.StreamNameBySubject(ctx, m.Topic); errors.Is(serr, jetstream.ErrStreamNotFound) {
+			return fmt.Errorf("%w: natsadapter: replay to %q: no stream captures that subject", dlq.ErrUndeliverable, m.Topic)
+		}
+		return fmt.Errorf("natsadapter: replay to %q: no stream answered: %w", m.Topic, err)
+	}
+	var apiErr *jetstream.APIError
+	if errors.Is(err, nats.ErrMaxPayload) || (errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamMessageExceedsMaximum) {
+		return fmt.Errorf("%w: natsadapter: replay to %q: the message is larger than the stream or server allows: %v", dlq.ErrUndeliverable, m.Topic, err)
 	}
 	if err != nil {
 		return fmt.Errorf("natsadapter: replay to %q: %w", m.Topic, err)
