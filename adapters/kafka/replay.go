@@ -319,7 +319,7 @@ func (s *LetterSource) pending(p *replayPart, m kafka.Message) *dlq.Pending {
 		l := &dlq.Letter{Key: m.Key, Value: m.Value, Headers: h, LastFailure: m.Time, FirstFailure: m.Time,
 			Origin: dlq.Origin{Topic: m.Topic, Partition: int32(m.Partition), Offset: m.Offset}}
 		if v := h[dlq.HeaderReplayCount]; len(v) > 0 {
-			l.Replays, _ = strconv.Atoi(v[0])
+			l.Replays = dlq.ParseReplayCount(v[0])
 		}
 		pd.Letter = l
 	} else {
@@ -519,9 +519,12 @@ func (t *ReplayTarget) PublishBatch(ctx context.Context, ms []*dlq.Outgoing) []e
 			e = we[i]
 		}
 		if e != nil {
-			if errors.Is(e, kafka.UnknownTopicOrPartition) {
-				e = fmt.Errorf("kafkaadapter: replay to %q: no such topic: %w", m.Topic, e)
-			} else {
+			switch {
+			case errors.Is(e, kafka.UnknownTopicOrPartition):
+				e = fmt.Errorf("%w: kafkaadapter: replay to %q: no such topic: %w", dlq.ErrUndeliverable, m.Topic, e)
+			case errors.Is(e, kafka.MessageSizeTooLarge), errors.Is(e, kafka.RecordListTooLarge), errors.Is(e, kafka.InvalidTopic):
+				e = fmt.Errorf("%w: kafkaadapter: replay to %q: %w", dlq.ErrUndeliverable, m.Topic, e)
+			default:
 				e = fmt.Errorf("kafkaadapter: replay to %q: %w", m.Topic, e)
 			}
 		}

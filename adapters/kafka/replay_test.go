@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -225,28 +226,43 @@ func TestKafkaReplayCancelAndResume(t *testing.T) {
 	t.Logf("kafka cancel/resume: %d then %d replayed, %d duplicates", first.Replayed, second.Replayed, dups)
 }
 
-// TestKafkaReplayTargetMissingKeepsLetter: a publish to a topic that does
-// not exist fails; the group's commit stays below the letter, so the next
-// pass reads it again.
-func TestKafkaReplayTargetMissingKeepsLetter(t *testing.T) {
+// TestKafkaReplayTargetMissingParksLetter: a publish to a topic that does
+// not exist can never succeed: the letters are parked with the broker's
+// answer as their reason (not retried, not stopping the run), and the
+// group moves past them.
+func TestKafkaReplayTargetMissingParksLetter(t *testing.T) {
 	dlqTopic := cluster.Topic(t, "dlq", 1)
+	parkTopic := cluster.Topic(t, "parked", 1)
 	seedLetters(t, dlqTopic, "no-such-topic-"+dlqTopic, 5, permanent)
 	group := "replay-" + dlqTopic
-	rp, _ := dlq.NewReplayer(dlq.ReplayOptions{Allow: []string{">"}, Rate: math.Inf(1), Attempts: 1})
+	park, err := kafkaadapter.NewDeadLetterSink(cluster.Kafka(), parkTopic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer park.Close()
+	rp, _ := dlq.NewReplayer(dlq.ReplayOptions{Allow: []string{">"}, Rate: math.Inf(1), Attempts: 1, Park: park})
 	src := newLetterSource(t, dlqTopic, group)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	_, err := rp.Run(ctx, src, newTarget(t))
+	rep, err := rp.Run(ctx, src, newTarget(t))
 	closeSource(t, src)
-	if !errors.Is(err, dlq.ErrPublish) {
-		t.Fatalf("run: %v", err)
+	if err != nil || rep.Refused != 5 || rep.Parked != 5 {
+		t.Fatalf("run: %+v %v", rep, err)
+	}
+	parked := readTopic(t, parkTopic)
+	if len(parked) != 5 {
+		t.Fatalf("%d parked", len(parked))
+	}
+	for _, h := range parked[0].Headers {
+		if h.Key == dlq.HeaderParkReason && !strings.Contains(string(h.Value), "no such topic") {
+			t.Fatalf("park reason %q", h.Value)
+		}
 	}
 	again := newLetterSource(t, dlqTopic, group)
 	defer closeSource(t, again)
-	if again.Remaining() != 5 {
-		t.Fatalf("next pass has %d letters, want all 5", again.Remaining())
+	if again.Remaining() != 0 {
+		t.Fatalf("next pass has %d letters, want 0 (parked)", again.Remaining())
 	}
-	t.Logf("missing topic: %v", err)
 }
 
 // TestKafkaReplayParksAndPassesOver: a filtered-out letter is passed over

@@ -49,7 +49,10 @@ func NewDeadLetterSink(c *Cluster, topic string) (*DeadLetterSink, error) {
 // Topic returns the dead-letter topic.
 func (s *DeadLetterSink) Topic() string { return s.w.Topic }
 
-// Write stores l and waits for the acknowledgement of all replicas.
+// Write stores l and waits for the acknowledgement of all replicas. A
+// letter larger than SinkMaxBytes (a record can be larger in its origin
+// topic than the dead-letter topic takes) is cut to fit, with a
+// Sluice-Dlq-Truncated marker (dlq.Letter.Encode).
 func (s *DeadLetterSink) Write(ctx context.Context, l *dlq.Letter) error {
 	key, value, env := l.Encode(dlq.Limits{MaxBytes: DeadLetterMaxBytes, HeaderSize: kafkaHeaderSize})
 	hs := letterHeaders(env)
