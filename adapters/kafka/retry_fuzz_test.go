@@ -26,9 +26,16 @@ func FuzzParseRetry(f *testing.F) {
 			h[string(parts[i])] = append(h[string(parts[i])], string(parts[i+1]))
 		}
 		r := &record{headers: h}
-		parseRetry(r, now)
+		const maxDelay = time.Minute
+		parseRetry(r, now, maxDelay, []string{"orders"})
 		if r.attempt < 0 {
 			t.Fatalf("attempt %d", r.attempt)
+		}
+		if r.due.After(now.Add(maxDelay)) {
+			t.Fatalf("due %v, after now + the longest delay", r.due)
+		}
+		if r.origin.Topic != "" && r.origin.Topic != "orders" {
+			t.Fatalf("origin topic %q taken from the headers", r.origin.Topic)
 		}
 		for k := range r.headers {
 			if strings.HasPrefix(k, RetryHeaderPrefix) {
