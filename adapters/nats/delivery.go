@@ -70,6 +70,9 @@ func (d *delivery) settle(ctx context.Context, k settleKind, delay time.Duration
 		d.settled(errOldConsumer)
 		return
 	}
+	if k == kindNak && delay > 0 {
+		d.src.delayed.add(time.Now().Add(delay).UnixNano())
+	}
 	d.p = pendingSettle{subj: d.m.Reply, body: settleBody(k, delay, reason), kind: k,
 		confirm: !d.src.opts.AckAsync, d: d}
 	d.src.set.settle(ctx, &d.p)

@@ -17,6 +17,7 @@ import (
 
 	natsadapter "github.com/sluice-go/sluice/adapters/nats"
 	"github.com/sluice-go/sluice/consumer"
+	"github.com/sluice-go/sluice/dlq"
 	"github.com/sluice-go/sluice/internal/natstest"
 )
 
@@ -363,5 +364,101 @@ func TestUserDurableDeletedFailsRoute(t *testing.T) {
 	}
 	if !errors.Is(err, natsadapter.ErrConsumerDeleted) || !errors.Is(err, consumer.ErrClosed) || !strings.Contains(err.Error(), `"theirs"`) {
 		t.Fatalf("run returned %v", err)
+	}
+}
+
+// TestPoisonWithDLQDownKeepsFlowing is issue 13.1: with the dead-letter
+// sink refusing every write, poison messages are nak'd with backoff again
+// and again; JetStream keeps each ack-pending for its delay. With
+// MaxAckPending sized to the window they filled it and good messages
+// stopped arriving (2,550 never delivered in 60 s). The Source now sizes
+// MaxAckPending with a reserve for delayed naks, so good traffic keeps its
+// pace: it is timed against the same backlog without poison.
+func TestPoisonWithDLQDownKeepsFlowing(t *testing.T) {
+	const n, every, window = 10000, 100, 64 // 100 poison messages
+	run := func(poison bool) (time.Duration, *natsadapter.Source, consumer.RouteStats) {
+		ctx, js := setup(t, n)
+		src, err := natsadapter.NewSourceFor(ctx, js, "WORK", jetstream.ConsumerConfig{Durable: "poison", AckWait: 30 * time.Second}, window,
+			natsadapter.SourceOptions{PollWait: 200 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var good atomic.Int64
+		c, err := consumer.New(consumer.Options{}, consumer.Route{Name: "poison", Source: src, Workers: 8, MaxInFlight: window, MaxInFlightBytes: 1 << 20,
+			DeadLetter: dlq.SinkFunc(func(context.Context, *dlq.Letter) error { return errors.New("dlq down") }),
+			Retry:      consumer.RetryPolicy{BaseDelay: 500 * time.Millisecond, MaxDelay: 5 * time.Second},
+			Handler: func(_ context.Context, m *consumer.Message) error {
+				id, _ := strconv.Atoi(m.Headers.Get("Id"))
+				if poison && id%every == 0 {
+					return consumer.Permanent(errors.New("poison"))
+				}
+				time.Sleep(time.Millisecond)
+				good.Add(1)
+				return nil
+			}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := int64(n)
+		if poison {
+			want = n - n/every
+		}
+		start := time.Now()
+		runUntil(t, c, 60*time.Second, func() bool { return good.Load() >= want }, nil)
+		return time.Since(start), src, c.Stats()[0]
+	}
+	clean, _, _ := run(false)
+	dirty, src, s := run(true)
+	st := src.Stats()
+	ratio := (float64(n-n/every) / dirty.Seconds()) / (float64(n) / clean.Seconds())
+	t.Logf("good messages: %.0f/s with 1%% poison and the DLQ down, %.0f/s without poison (%.2fx); DLQ failures %d, delayed naks now %d, MaxAckPending %d (raised %d times)",
+		float64(n-n/every)/dirty.Seconds(), float64(n)/clean.Seconds(), ratio, s.Settled[consumer.OutcomeDLQFailed], st.DelayedNaks, st.MaxAckPending, st.AckPendingRaises)
+	if s.Settled[consumer.OutcomeDLQFailed] < n/every {
+		t.Fatalf("only %d failed dead-letter writes: the poison did not cycle", s.Settled[consumer.OutcomeDLQFailed])
+	}
+	if ratio < 0.5 {
+		t.Fatalf("good traffic at %.2fx of its pace without poison", ratio)
+	}
+}
+
+// TestDelayedNaksRaiseMaxAckPending: more delayed naks than the initial
+// reserve (window 16 + 256) make the Source raise MaxAckPending, so the
+// server keeps delivering new messages while hundreds wait out their delay.
+func TestDelayedNaksRaiseMaxAckPending(t *testing.T) {
+	const n, window = 1000, 16
+	ctx, js := setup(t, n)
+	src, err := natsadapter.NewSourceFor(ctx, js, "WORK", jetstream.ConsumerConfig{Durable: "delays", AckWait: 30 * time.Second}, window,
+		natsadapter.SourceOptions{PollWait: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var first, done atomic.Int64
+	c, err := consumer.New(consumer.Options{}, consumer.Route{Name: "delays", Source: src, Workers: 4, MaxInFlight: window, MaxInFlightBytes: 1 << 20,
+		Retry: consumer.RetryPolicy{BaseDelay: 2 * time.Second, MaxDelay: 2 * time.Second},
+		Handler: func(_ context.Context, m *consumer.Message) error {
+			if m.Attempt == 1 {
+				first.Add(1)
+				return errors.New("later")
+			}
+			done.Add(1)
+			return nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var peak atomic.Int64
+	runUntil(t, c, 30*time.Second, func() bool { return done.Load() >= n }, func() {
+		if d := int64(src.Stats().DelayedNaks); d > peak.Load() {
+			peak.Store(d)
+		}
+	})
+	st := src.Stats()
+	t.Logf("first attempts %d, peak delayed naks %d, MaxAckPending %d, raised %d times", first.Load(), peak.Load(), st.MaxAckPending, st.AckPendingRaises)
+	if st.AckPendingRaises == 0 || st.MaxAckPending <= window+256 {
+		t.Fatalf("MaxAckPending %d, raised %d times, with %d delayed naks at the peak", st.MaxAckPending, st.AckPendingRaises, peak.Load())
+	}
+	info, err := src.Consumer().Info(ctx)
+	if err != nil || info.Config.MaxAckPending != st.MaxAckPending {
+		t.Fatalf("server MaxAckPending %v, err %v", info.Config.MaxAckPending, err)
 	}
 }

@@ -83,6 +83,7 @@ func (s *Source) Fetch(ctx context.Context, maxMessages int, maxBytes int64) ([]
 }
 
 func (s *Source) send(ctx context.Context, n int, maxBytes int64) error {
+	s.sizeAckPending(ctx)
 	s.refreshAckFloor(ctx)
 	s.seq++
 	reply := s.inbox + "." + strconv.FormatUint(s.seq, 36)
@@ -326,6 +327,9 @@ func (s *Source) consumerGone(ctx context.Context, status, desc string) error {
 			s.name, s.stream, ErrConsumerDeleted, consumer.ErrClosed)
 	}
 	cfg := *s.owned
+	if s.autoAckPending {
+		cfg.MaxAckPending = s.window + s.reserve
+	}
 	start := "its configured start"
 	if s.ackFloor > 0 {
 		// Deliver again everything above the last ack floor seen: what was

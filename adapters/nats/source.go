@@ -99,6 +99,14 @@ type Source struct {
 	ackFloor  uint64    // the consumer's ack floor (stream sequence) when last read
 	delivered int       // deliveries since infoAt
 
+	// delayed counts the delayed naks the server holds for this Source.
+	delayed delayedSlots
+	// autoAckPending: the Source sized the consumer's MaxAckPending (the
+	// window plus reserve) and raises it as delayed naks need (fetch loop).
+	autoAckPending bool
+	reserve        int
+	sizeRetry      time.Time
+
 	// gen counts recreations of the consumer: a settlement of a delivery
 	// from an earlier generation cannot land (the server ignores, without
 	// an answer, an ack for a sequence its new consumer has not delivered).
@@ -108,9 +116,10 @@ type Source struct {
 }
 
 type sourceCounters struct {
-	recreated     atomic.Uint64
-	statusHeaders atomic.Uint64
-	settleErrors  atomic.Uint64
+	recreated        atomic.Uint64
+	ackPendingRaises atomic.Uint64
+	statusHeaders    atomic.Uint64
+	settleErrors     atomic.Uint64
 }
 
 // SourceStats are a Source's own counters.
@@ -132,6 +141,15 @@ type SourceStats struct {
 	// SettleErrors counts unconfirmed (AckAsync) settlements the
 	// connection refused to send.
 	SettleErrors uint64
+	// DelayedNaks is how many deliveries this Source nak'd with a delay
+	// that has not passed: the server keeps each ack-pending meanwhile,
+	// so they take MaxAckPending slots outside the route's window.
+	DelayedNaks int
+	// MaxAckPending is the consumer's MaxAckPending as last seen.
+	MaxAckPending int
+	// AckPendingRaises counts the times the Source raised its consumer's
+	// MaxAckPending to make room for delayed naks.
+	AckPendingRaises uint64
 }
 
 // Stats returns the Source's counters.
@@ -142,7 +160,17 @@ func (s *Source) Stats() SourceStats {
 		AcksResent:             s.set.resent.Load(),
 		AcksUnconfirmed:        s.set.unconfirmed.Load(),
 		SettleErrors:           s.c.settleErrors.Load(),
+		DelayedNaks:            s.delayed.count(time.Now().UnixNano()),
+		MaxAckPending:          s.maxAckPending(),
+		AckPendingRaises:       s.c.ackPendingRaises.Load(),
 	}
+}
+
+func (s *Source) maxAckPending() int {
+	if info := s.info(); info != nil {
+		return info.Config.MaxAckPending
+	}
+	return 0
 }
 
 var (
@@ -214,13 +242,20 @@ func NewSource(js jetstream.JetStream, cons jetstream.Consumer, opts SourceOptio
 }
 
 // NewSourceFor creates or updates the durable or ephemeral consumer cfg on
-// stream, with AckPolicy explicit and MaxAckPending at least window (0
-// means window; a smaller value is an error wrapping
-// consumer.ErrInvalidOption, since the broker would then stall the route
-// below its window), and wraps it. When several processes share one
-// durable, set MaxAckPending to the sum of their windows. If the consumer
-// is deleted on the server while the Source runs, the Source recreates it
+// stream, with AckPolicy explicit, and wraps it. If the consumer is
+// deleted on the server while the Source runs, the Source recreates it
 // (see ErrConsumerDeleted).
+//
+// MaxAckPending 0 (the default) lets the Source size it: the window plus
+// a reserve for delayed naks (retry backoff, shed messages, failed
+// dead-letter writes), which JetStream keeps ack-pending until they are
+// redelivered. The reserve starts at max(window, 256) and the Source
+// raises MaxAckPending (never lowers it) when delayed naks take half of
+// it, up to 65,536 above the window. A value you set is kept; below the
+// window it is an error wrapping consumer.ErrInvalidOption (the broker
+// would stall the route below its window). When several processes share
+// one durable and you set it, leave room for their windows and their
+// delayed naks.
 func NewSourceFor(ctx context.Context, js jetstream.JetStream, stream string, cfg jetstream.ConsumerConfig, window int, opts SourceOptions) (*Source, error) {
 	if window <= 0 {
 		return nil, fmt.Errorf("%w: window must be > 0, got %d", consumer.ErrInvalidOption, window)
@@ -229,9 +264,10 @@ func NewSourceFor(ctx context.Context, js jetstream.JetStream, stream string, cf
 		return nil, fmt.Errorf("%w: AckPolicy must be explicit", consumer.ErrInvalidOption)
 	}
 	cfg.AckPolicy = jetstream.AckExplicitPolicy
+	auto := cfg.MaxAckPending == 0
 	switch {
-	case cfg.MaxAckPending == 0:
-		cfg.MaxAckPending = window
+	case auto:
+		cfg.MaxAckPending = window + initialDelayReserve(window)
 	case cfg.MaxAckPending > 0 && cfg.MaxAckPending < window:
 		return nil, fmt.Errorf("%w: MaxAckPending %d is below the route window %d", consumer.ErrInvalidOption, cfg.MaxAckPending, window)
 	}
@@ -248,6 +284,9 @@ func NewSourceFor(ctx context.Context, js jetstream.JetStream, stream string, cf
 		cfg.Name = s.name // an ephemeral: recreate it under the name the server gave it
 	}
 	s.owned = &cfg
+	if auto {
+		s.autoAckPending, s.reserve = true, initialDelayReserve(window)
+	}
 	return s, nil
 }
 
