@@ -33,6 +33,7 @@ type gridConfig struct {
 	loadList                         []float64
 	measure                          time.Duration
 	settle                           time.Duration
+	csv                              string // render these grid.csv files instead of running
 }
 
 func (c *config) addModeFlags(fs *flag.FlagSet) {
@@ -42,6 +43,7 @@ func (c *config) addModeFlags(fs *flag.FlagSet) {
 	fs.StringVar(&g.deadlines, "grid-deadlines", "100ms,500ms,5s", "grid mode: deadlines after publish")
 	fs.StringVar(&g.loads, "grid-loads", "0.5,1,2,5,10", "grid mode: offered loads, × each handler's measured capacity")
 	fs.DurationVar(&g.measure, "grid-measure", 3*time.Second, "grid mode: how long each trial is measured, after its warm-up")
+	fs.StringVar(&g.csv, "grid-csv", "", "grid mode: render the table and heat map from these comma-separated grid.csv files (for example the parts of a run split by handler) instead of running")
 	fs.DurationVar(&g.settle, "grid-settle", time.Second, "grid mode: warm-up of each trial before measuring; above 1× capacity the deadline and this again are added, so a backlog reaches its steady state (every queued message as old as the deadline) first")
 	c.addDegradeFlags(fs)
 	c.addCPUFlags(fs)
@@ -150,13 +152,27 @@ func (g gridCell) share(r result) float64 { return r.goodput / g.capacity }
 // message and p99 under the deadline; at 1× and below, goodput at least
 // 97% of the offered load and no run on an expired message.
 func (g gridCell) meets(r result) bool {
-	if r.wasted > 0 {
+	if r.wasted > 0 || r.failed != "" {
 		return false
 	}
 	if g.load >= 2 {
 		return g.share(r) >= 0.97 && r.p99 > 0 && r.p99 < g.deadline
 	}
 	return r.goodput >= 0.97*math.Min(r.offeredRate, g.capacity)
+}
+
+// renderGrid writes the table and heat map of the cells in cfg.grid.csv.
+func renderGrid(cfg config, rep *report, w io.Writer) error {
+	var brokerName string
+	for _, f := range strings.Split(cfg.grid.csv, ",") {
+		cells, b, err := readGridCSV(strings.TrimSpace(f))
+		if err != nil {
+			return err
+		}
+		brokerName = b
+		rep.grid = append(rep.grid, cells...)
+	}
+	return writeGrid(cfg, rep.grid, brokerName, w)
 }
 
 // runGrid measures each handler's capacity, then runs every consumer at
@@ -169,10 +185,21 @@ func runGrid(ctx context.Context, b broker, cfg config, rep *report, w io.Writer
 		b.name(), g.workerList, g.costList, g.deadlineList, g.loadList, cfg.kinds, n, g.measure)
 	for _, cost := range g.costList {
 		for _, workers := range g.workerList {
+			// A long run on a shared machine meets the odd broker hiccup:
+			// each measurement gets a second try, and a handler or trial
+			// that fails twice is reported as such, not the whole grid.
 			capName := fmt.Sprintf("cap_%d_%d", workers, cost.Microseconds())
 			capacity, err := capacityOf(ctx, b, cfg, capName, workers, cost)
+			if err != nil && ctx.Err() == nil {
+				fmt.Fprintf(w, "handler %d×%v: capacity: %v; trying again\n", workers, cost, err)
+				capacity, err = capacityOf(ctx, b, cfg, capName+"_2", workers, cost)
+			}
 			if err != nil {
-				return err
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				fmt.Fprintf(w, "handler %d×%v: capacity: %v; skipped\n", workers, cost, err)
+				continue
 			}
 			fmt.Fprintf(w, "handler %d×%v: measured capacity %.0f msg/s (nominal %.0f)\n", workers, cost, capacity, float64(workers)/cost.Seconds())
 			for _, dl := range g.deadlineList {
@@ -181,8 +208,15 @@ func runGrid(ctx context.Context, b broker, cfg config, rep *report, w io.Writer
 					for _, k := range cfg.kinds {
 						s := cfg.gridSpec(cell, k)
 						r, err := runTrial(ctx, b, s)
+						if err != nil && ctx.Err() == nil {
+							s.name += "_2"
+							r, err = runTrial(ctx, b, s)
+						}
 						if err != nil {
-							return fmt.Errorf("%s: %w", s.name, err)
+							if ctx.Err() != nil {
+								return ctx.Err()
+							}
+							r = result{spec: s, failed: err.Error()}
 						}
 						cell.res = append(cell.res, r)
 					}
@@ -195,18 +229,26 @@ func runGrid(ctx context.Context, b broker, cfg config, rep *report, w io.Writer
 			}
 		}
 	}
-	emit := cfg.emitter(w)
-	if err := emit("grid.txt", gridTable(rep.grid, b.name())); err != nil {
+	return writeGrid(cfg, rep.grid, b.name(), w)
+}
+
+// writeGrid prints the grid's table and writes grid.txt, grid.csv and
+// grid.png to cfg.out.
+func writeGrid(cfg config, cells []gridCell, broker string, w io.Writer) error {
+	if err := cfg.emitter(w)("grid.txt", gridTable(cells, broker)); err != nil {
 		return err
 	}
 	if cfg.out == "" {
 		return nil
 	}
-	if err := writeGridCSV(rep.grid, b.name(), filepath.Join(cfg.out, "grid.csv")); err != nil {
+	if err := os.MkdirAll(cfg.out, 0o755); err != nil {
+		return err
+	}
+	if err := writeGridCSV(cells, broker, filepath.Join(cfg.out, "grid.csv")); err != nil {
 		return err
 	}
 	png := filepath.Join(cfg.out, "grid.png")
-	if err := plotGrid(rep.grid, b.name(), png); err != nil {
+	if err := plotGrid(cells, broker, png); err != nil {
 		return err
 	}
 	fmt.Fprintln(w, "plot:", png)
@@ -234,6 +276,10 @@ func cellLine(g gridCell) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%-8s deadline %-6v %4g× (%5.0f/s):", g.handler(), g.deadline, g.load, g.load*g.capacity)
 	for _, r := range g.res {
+		if r.failed != "" {
+			fmt.Fprintf(&b, "  %s failed: %s;", r.spec.kind, r.failed)
+			continue
+		}
 		fmt.Fprintf(&b, "  %s %3.0f%% p99 %s wasted %d;", r.spec.kind, 100*g.share(r), ms(r.p99), r.wasted)
 	}
 	return b.String()
@@ -262,7 +308,11 @@ func gridTable(cells []gridCell, broker string) string {
 			if i == 0 {
 				row[4] = rate(r.offeredRate)
 			}
-			row = append(row, fmt.Sprintf("%.0f%% · %s", 100*c.share(r), ms(r.p99)))
+			if r.failed != "" {
+				row = append(row, "failed")
+			} else {
+				row = append(row, fmt.Sprintf("%.0f%% · %s", 100*c.share(r), ms(r.p99)))
+			}
 			wasted = append(wasted, fmt.Sprint(r.wasted))
 		}
 		row = append(row, strings.Join(wasted, "/"))
@@ -318,13 +368,13 @@ func writeGridCSV(cells []gridCell, broker, file string) error {
 	}
 	cw := csv.NewWriter(f)
 	_ = cw.Write([]string{"broker", "workers", "cost_ms", "deadline_ms", "capacity", "load", "consumer", "offered", "goodput", "share",
-		"p50_ms", "p99_ms", "wasted", "late", "expired", "shed", "peak_in_flight", "peak_heap_bytes"})
+		"p50_ms", "p99_ms", "wasted", "late", "expired", "shed", "peak_in_flight", "peak_heap_bytes", "failed"})
 	for _, c := range cells {
 		for _, r := range c.res {
 			_ = cw.Write([]string{broker, fmt.Sprint(c.workers), fmtMS(c.cost), fmtMS(c.deadline), fmt.Sprintf("%.1f", c.capacity), fmt.Sprint(c.load),
 				r.spec.kind.String(), fmt.Sprintf("%.1f", r.offeredRate), fmt.Sprintf("%.1f", r.goodput), fmt.Sprintf("%.4f", c.share(r)),
 				fmtMS(r.p50), fmtMS(r.p99), fmt.Sprint(r.wasted), fmt.Sprint(r.late), fmt.Sprint(r.expired), fmt.Sprint(r.shed),
-				fmt.Sprint(r.peakInFlight), fmt.Sprint(r.peakHeap)})
+				fmt.Sprint(r.peakInFlight), fmt.Sprint(r.peakHeap), r.failed})
 		}
 	}
 	cw.Flush()
@@ -333,6 +383,86 @@ func writeGridCSV(cells []gridCell, broker, file string) error {
 		return err
 	}
 	return f.Close()
+}
+
+// readGridCSV reads what writeGridCSV wrote: the cells and the broker.
+func readGridCSV(file string) ([]gridCell, string, error) {
+	f, err := os.Open(file)
+	if err != nil {
+		return nil, "", err
+	}
+	defer f.Close()
+	recs, err := csv.NewReader(f).ReadAll()
+	if err != nil {
+		return nil, "", fmt.Errorf("%s: %w", file, err)
+	}
+	if len(recs) < 1 || len(recs[0]) < 18 || recs[0][0] != "broker" {
+		return nil, "", fmt.Errorf("%s: not a grid.csv", file)
+	}
+	col := map[string]int{}
+	for i, h := range recs[0] {
+		col[h] = i
+	}
+	kindOf := map[string]kind{}
+	for _, k := range allKinds {
+		kindOf[k.String()] = k
+	}
+	var cells []gridCell
+	var broker string
+	for n, rec := range recs[1:] {
+		bad := func(field string) error { return fmt.Errorf("%s: line %d: bad %s", file, n+2, field) }
+		num := func(field string) (float64, error) {
+			v, err := strconv.ParseFloat(rec[col[field]], 64)
+			if err != nil {
+				return 0, bad(field)
+			}
+			return v, nil
+		}
+		dur := func(field string) (time.Duration, error) {
+			v, err := num(field)
+			return time.Duration(v * float64(time.Millisecond)), err
+		}
+		broker = rec[col["broker"]]
+		var c gridCell
+		var r result
+		var workers, wasted, late, expired, shed, peak, heap float64
+		var err error
+		for _, x := range []struct {
+			p *float64
+			f string
+		}{{&workers, "workers"}, {&c.capacity, "capacity"}, {&c.load, "load"}, {&r.offeredRate, "offered"}, {&r.goodput, "goodput"},
+			{&wasted, "wasted"}, {&late, "late"}, {&expired, "expired"}, {&shed, "shed"}, {&peak, "peak_in_flight"}, {&heap, "peak_heap_bytes"}} {
+			if *x.p, err = num(x.f); err != nil {
+				return nil, "", err
+			}
+		}
+		for _, x := range []struct {
+			p *time.Duration
+			f string
+		}{{&c.cost, "cost_ms"}, {&c.deadline, "deadline_ms"}, {&r.p50, "p50_ms"}, {&r.p99, "p99_ms"}} {
+			if *x.p, err = dur(x.f); err != nil {
+				return nil, "", err
+			}
+		}
+		k, ok := kindOf[rec[col["consumer"]]]
+		if !ok {
+			return nil, "", bad("consumer")
+		}
+		c.workers = int(workers)
+		r.spec = trialSpec{kind: k, workers: c.workers, cost: c.cost, deadline: c.deadline}
+		r.wasted, r.late, r.expired, r.shed, r.peakInFlight, r.peakHeap = int(wasted), int(late), int(expired), int(shed), int(peak), uint64(heap)
+		if i, ok := col["failed"]; ok {
+			r.failed = rec[i]
+		}
+		if last := len(cells) - 1; last >= 0 && cells[last].workers == c.workers && cells[last].cost == c.cost &&
+			cells[last].deadline == c.deadline && cells[last].load == c.load {
+			cells[last].res = append(cells[last].res, r)
+			continue
+		}
+		c.res = []result{r}
+		cells = append(cells, c)
+	}
+	return cells, broker, nil
 }
 
 func fmtMS(d time.Duration) string {

@@ -173,6 +173,7 @@ type result struct {
 	runs              []runRec
 	start             time.Time // the producer's start
 	stats             consumerStats
+	failed            string // why the trial has no figures (grid mode)
 }
 
 // runRec is one handler run.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"math"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -115,5 +116,33 @@ func TestGridTargetAndTable(t *testing.T) {
 		if !strings.Contains(tbl, want) {
 			t.Errorf("grid table lacks %q:\n%s", want, tbl)
 		}
+	}
+}
+
+// A grid written to CSV reads back as the same table, so a run split in
+// parts (-grid-csv) renders as one.
+func TestGridCSVRoundTrip(t *testing.T) {
+	mk := func(k kind, good float64, p99 time.Duration, wasted int, failed string) result {
+		return result{spec: trialSpec{kind: k}, goodput: good, offeredRate: 1000, p50: p99 / 2, p99: p99, wasted: wasted, failed: failed}
+	}
+	cells := []gridCell{
+		{workers: 4, cost: 20 * time.Millisecond, deadline: 500 * time.Millisecond, capacity: 200, load: 5,
+			res: []result{mk(unprotected, 10, 3*time.Second, 900, ""), mk(sluiceMinimal, 195, 420*time.Millisecond, 0, "")}},
+		{workers: 4, cost: 20 * time.Millisecond, deadline: 500 * time.Millisecond, capacity: 200, load: 0.5,
+			res: []result{mk(unprotected, 100, 21*time.Millisecond, 0, ""), mk(sluiceMinimal, 0, 0, 0, "broker gone")}},
+	}
+	file := filepath.Join(t.TempDir(), "grid.csv")
+	if err := writeGridCSV(cells, "nats", file); err != nil {
+		t.Fatal(err)
+	}
+	back, broker, err := readGridCSV(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want, got := gridTable(cells, "nats"), gridTable(back, broker); want != got {
+		t.Fatalf("round trip changed the table:\n%s\n%s", want, got)
+	}
+	if !strings.Contains(gridTable(back, broker), "failed") {
+		t.Error("a failed trial is not shown")
 	}
 }
