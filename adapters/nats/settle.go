@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -165,8 +166,11 @@ func (s *settler) settle(ctx context.Context, p *pendingSettle) {
 	go s.write()
 }
 
-// write publishes what is queued until the queue is empty.
+// write publishes what is queued until the queue is empty. It first yields
+// once, so workers that are running settle into the same batch: the
+// client's flusher then writes them with one syscall.
 func (s *settler) write() {
+	runtime.Gosched()
 	for {
 		s.mu.Lock()
 		q := s.queue
