@@ -462,3 +462,59 @@ func TestDelayedNaksRaiseMaxAckPending(t *testing.T) {
 		t.Fatalf("server MaxAckPending %v, err %v", info.Config.MaxAckPending, err)
 	}
 }
+
+// TestUnansweredAckIsNotConfirmed holds every reply of the server back: the
+// ack is re-sent twice after AckTimeout, then completes with
+// ErrAckUnconfirmed and is counted as a settle error, not as a confirmed
+// settlement (the server did get it here, so nothing is redelivered).
+func TestUnansweredAckIsNotConfirmed(t *testing.T) {
+	r := newFaultRig(t)
+	proxy, err := natstest.NewProxy("127.0.0.1:" + strconv.Itoa(r.port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = proxy.Close() })
+	nc, err := nats.Connect(proxy.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := r.js.CreateStream(ctx, jetstream.StreamConfig{Name: "WORK", Subjects: []string{"work.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	publish(t, ctx, r.js, 1)
+	src, err := natsadapter.NewSourceFor(ctx, js, "WORK", jetstream.ConsumerConfig{Durable: "mute", AckWait: 5 * time.Second},
+		4, natsadapter.SourceOptions{PollWait: 100 * time.Millisecond, AckTimeout: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var handled atomic.Int64
+	c, err := consumer.New(consumer.Options{}, consumer.Route{Name: "mute", Source: src, Workers: 1, MaxInFlight: 4, MaxInFlightBytes: 1 << 20,
+		Handler: func(context.Context, *consumer.Message) error {
+			proxy.HoldReplies()
+			handled.Add(1)
+			return nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runUntil(t, c, 10*time.Second, func() bool { return src.Stats().AcksUnconfirmed == 1 && c.Stats()[0].InFlight == 0 }, nil)
+	proxy.Release()
+	st, s := src.Stats(), c.Stats()[0]
+	if st.AcksResent != 2 || s.SettleErrors != 1 || handled.Load() != 1 {
+		t.Fatalf("resent %d, settle errors %d, handled %d", st.AcksResent, s.SettleErrors, handled.Load())
+	}
+	info, err := r.js.Consumer(ctx, "WORK", "mute")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ci := info.CachedInfo(); ci.NumAckPending != 0 || ci.AckFloor.Stream != 1 {
+		t.Fatalf("server: ack pending %d, ack floor %d", ci.NumAckPending, ci.AckFloor.Stream)
+	}
+}
