@@ -31,37 +31,25 @@ type backend interface {
 	target() dlq.Target
 	// park returns the sink of letters over the loop guard, named name.
 	park(ctx context.Context, name string) (dlq.Sink, error)
-	// purgeAll removes every letter and returns how many.
-	purgeAll(ctx context.Context) (int, error)
 	close()
 }
 
 // errNoStream is what a missing stream or topic looks like to the user.
 var errNoStream = errors.New("not found")
 
-// connFlags are the dlq commands' broker flags.
-type connFlags struct {
-	natsURL   string
-	natsStore string
-	stream    string
-	subject   string
-	brokers   string
-	topic     string
-	group     string
-}
-
 func (f *connFlags) connect(ctx context.Context) (backend, error) {
+	kafkaSet := f.brokers != "" || len(f.props) > 0 || f.propFile != ""
+	natsSet := f.natsStore != "" || f.natsURL != ""
 	switch {
-	case f.brokers != "" && (f.natsStore != "" || f.natsURL != ""):
-		return nil, usageError{errors.New("give either --brokers (Kafka) or --nats/--nats-store (NATS), not both")}
-	case f.brokers != "":
+	case kafkaSet && natsSet:
+		return nil, usageError{errors.New("give either --brokers (Kafka) or --server/--nats-store (NATS), not both")}
+	case kafkaSet || f.changed("topic") || f.changed("group"):
 		return connectKafka(ctx, f)
 	}
 	var srv *server.Server
-	url := f.natsURL
 	if f.natsStore != "" {
-		if url != "" {
-			return nil, usageError{errors.New("give either --nats or --nats-store, not both")}
+		if f.natsURL != "" {
+			return nil, usageError{errors.New("give either --server or --nats-store, not both")}
 		}
 		if _, err := os.Stat(filepath.Join(f.natsStore, "jetstream")); err != nil {
 			return nil, fmt.Errorf("--nats-store %q: no JetStream store there (run the quick start with -store %s first): %w",
@@ -71,24 +59,37 @@ func (f *connFlags) connect(ctx context.Context) (backend, error) {
 		if err != nil {
 			return nil, fmt.Errorf("--nats-store %q: starting an embedded NATS server: %w", f.natsStore, err)
 		}
-		srv, url = s, s.ClientURL()
+		srv = s
 	}
-	if url == "" {
-		url = os.Getenv("NATS_URL")
+	conn, err := f.natsOptions()
+	if err != nil {
+		stopServer(srv)
+		return nil, err
 	}
-	if url == "" {
-		url = nats.DefaultURL
+	url := conn.url
+	if srv != nil {
+		url = srv.ClientURL()
 	}
 	if err := checkNatsURL(url); err != nil {
 		stopServer(srv)
 		return nil, err
 	}
-	nc, err := nats.Connect(url, nats.Timeout(3*time.Second), nats.Name("sluice cli"), nats.NoReconnect())
+	shown := displayURL(url)
+	nc, err := nats.Connect(url, conn.opts...)
 	if err != nil {
 		stopServer(srv)
-		return nil, fmt.Errorf("cannot connect to NATS at %q: %w", url, err)
+		return nil, natsConnectError(shown, conn, err)
 	}
-	js, err := jetstream.New(nc)
+	var js jetstream.JetStream
+	jsOpts := []jetstream.JetStreamOpt{jetstream.WithDefaultTimeout(f.timeout)}
+	switch {
+	case conn.jsDomain != "":
+		js, err = jetstream.NewWithDomain(nc, conn.jsDomain, jsOpts...)
+	case conn.jsAPIPrefix != "":
+		js, err = jetstream.NewWithAPIPrefix(nc, conn.jsAPIPrefix, jsOpts...)
+	default:
+		js, err = jetstream.New(nc, jsOpts...)
+	}
 	if err != nil {
 		nc.Close()
 		stopServer(srv)
@@ -98,19 +99,39 @@ func (f *connFlags) connect(ctx context.Context) (backend, error) {
 	if stream == "" {
 		stream = natsadapter.DefaultDLQStream
 	}
-	b := &natsBackend{nc: nc, js: js, srv: srv, stream: stream, subject: f.subject}
+	b := &natsBackend{nc: nc, js: js, srv: srv, stream: stream, subject: f.subject, url: shown, conn: conn}
 	if _, err := js.Stream(ctx, stream); err != nil {
 		b.close()
-		if errors.Is(err, jetstream.ErrStreamNotFound) {
+		switch {
+		case errors.Is(err, jetstream.ErrStreamNotFound):
 			return nil, fmt.Errorf("stream %q %w on %s (dead letters go to %s unless the sink was configured otherwise; --stream picks another)",
-				stream, errNoStream, url, natsadapter.DefaultDLQStream)
-		}
-		if errors.Is(err, jetstream.ErrJetStreamNotEnabled) || errors.Is(err, nats.ErrNoResponders) {
-			return nil, fmt.Errorf("NATS at %q has no JetStream: %w", url, err)
+				stream, errNoStream, shown, natsadapter.DefaultDLQStream)
+		case errors.Is(err, jetstream.ErrJetStreamNotEnabled) || errors.Is(err, nats.ErrNoResponders):
+			return nil, fmt.Errorf("NATS at %s has no JetStream for this account (or --js-domain/--js-api-prefix is wrong): %w", shown, err)
+		case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout):
+			return nil, fmt.Errorf("stream %q: no answer from JetStream at %s within --timeout %v (permissions, or --js-domain/--js-api-prefix?)", stream, shown, f.timeout)
 		}
 		return nil, fmt.Errorf("stream %q: %w", stream, err)
 	}
 	return b, nil
+}
+
+// natsConnectError says why a connection failed in one line an operator
+// can act on.
+func natsConnectError(url string, conn *natsConn, err error) error {
+	via := ""
+	if conn.context != "" {
+		via = " (context " + conn.context + ")"
+	}
+	switch {
+	case errors.Is(err, nats.ErrAuthorization) || strings.Contains(strings.ToLower(err.Error()), "authorization violation"):
+		return fmt.Errorf("cannot connect to NATS at %s%s: the server refused the credentials (authorization violation): check --user/--password, --token, --creds or --nkey", url, via)
+	case errors.Is(err, nats.ErrAuthExpired):
+		return fmt.Errorf("cannot connect to NATS at %s%s: the credentials have expired", url, via)
+	case strings.Contains(err.Error(), "x509:") || strings.Contains(err.Error(), "tls:") || strings.Contains(err.Error(), "tls error"):
+		return fmt.Errorf("cannot connect to NATS at %s%s: TLS: %w (check --tlsca, --tlscert/--tlskey, --tlsfirst)", url, via, err)
+	}
+	return fmt.Errorf("cannot connect to NATS at %s%s: %w", url, via, err)
 }
 
 // checkNatsURL refuses what cannot be a NATS server list before dialling.
@@ -132,7 +153,7 @@ func checkNatsURL(list string) error {
 			}
 		}
 		if err != nil {
-			return usageError{fmt.Errorf("NATS URL %q: %v; want nats://host:port (comma-separated for a cluster)", list, err)}
+			return usageError{fmt.Errorf("NATS URL %q: %v; want nats://host:port (comma-separated for a cluster)", displayURL(list), err)}
 		}
 	}
 	return nil
@@ -167,6 +188,8 @@ type natsBackend struct {
 	srv     *server.Server
 	stream  string
 	subject string
+	url     string // without credentials
+	conn    *natsConn
 }
 
 func (b *natsBackend) describe() string {
@@ -208,37 +231,6 @@ func (b *natsBackend) park(ctx context.Context, name string) (dlq.Sink, error) {
 	}
 	return natsadapter.NewDeadLetterSink(ctx, b.js, natsadapter.SinkOptions{Stream: name,
 		SubjectPrefix: "sluice.parked." + strings.ToLower(name)})
-}
-
-func (b *natsBackend) purgeAll(ctx context.Context) (int, error) {
-	st, err := b.js.Stream(ctx, b.stream)
-	if err != nil {
-		return 0, err
-	}
-	var opts []jetstream.StreamPurgeOpt
-	info, err := st.Info(ctx, jetstream.WithSubjectFilter(subjectOrAll(b.subject)))
-	if err != nil {
-		return 0, err
-	}
-	n := int(info.State.Msgs)
-	if b.subject != "" {
-		n = 0
-		for _, c := range info.State.Subjects {
-			n += int(c)
-		}
-		opts = append(opts, jetstream.WithPurgeSubject(b.subject))
-	}
-	if err := st.Purge(ctx, opts...); err != nil {
-		return 0, err
-	}
-	return n, nil
-}
-
-func subjectOrAll(s string) string {
-	if s == "" {
-		return ">"
-	}
-	return s
 }
 
 func (b *natsBackend) close() {

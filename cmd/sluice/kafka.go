@@ -1,10 +1,14 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -17,6 +21,8 @@ import (
 // letters "in the queue" are those after the group's committed offsets.
 type kafkaBackend struct {
 	cluster *kafkaadapter.Cluster
+	client  *kafka.Client // preflight and offset look-ups
+	tr      *kafka.Transport
 	topic   string
 	group   string
 	tgt     *kafkaadapter.ReplayTarget
@@ -24,37 +30,65 @@ type kafkaBackend struct {
 }
 
 func connectKafka(ctx context.Context, f *connFlags) (backend, error) {
-	if f.topic == "" {
-		return nil, usageError{errors.New("--brokers needs --topic, the dead-letter topic")}
+	cl, err := f.kafkaCluster()
+	if err != nil {
+		return nil, err
 	}
-	var brokers []string
-	for _, b := range strings.Split(f.brokers, ",") {
-		if b = strings.TrimSpace(b); b != "" {
-			brokers = append(brokers, b)
-		}
+	if f.topic == "" {
+		return nil, usageError{errors.New("Kafka needs --topic, the dead-letter topic")}
 	}
 	group := f.group
 	if group == "" {
 		group = kafkaadapter.DefaultReplayGroup
 	}
-	b := &kafkaBackend{cluster: &kafkaadapter.Cluster{Brokers: brokers}, topic: f.topic, group: group}
-	// One metadata round trip: a bad address or a missing topic fails here,
-	// clearly, rather than in the middle of a command.
-	tr := &kafka.Transport{}
-	defer tr.CloseIdleConnections()
-	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	tr := &kafka.Transport{TLS: cl.TLS, SASL: cl.SASL, ClientID: cmp.Or(cl.ClientID, kafkaadapter.DefaultClientID),
+		DialTimeout: cmp.Or(cl.DialTimeout, f.timeout)}
+	b := &kafkaBackend{cluster: cl, topic: f.topic, group: group, tr: tr,
+		client: &kafka.Client{Addr: kafka.TCP(cl.Brokers...), Transport: tr, Timeout: f.timeout}}
+	// One metadata round trip: a bad address, refused credentials or a
+	// missing topic fail here, clearly, rather than in the middle of a
+	// command.
+	cctx, cancel := context.WithTimeout(ctx, f.timeout)
 	defer cancel()
-	client := &kafka.Client{Addr: kafka.TCP(brokers...), Transport: tr}
-	md, err := client.Metadata(cctx, &kafka.MetadataRequest{Topics: []string{f.topic}})
+	brokers := strings.Join(cl.Brokers, ",")
+	md, err := b.client.Metadata(cctx, &kafka.MetadataRequest{Topics: []string{f.topic}})
 	if err != nil {
-		return nil, fmt.Errorf("cannot reach Kafka at %q: %w", f.brokers, err)
+		tr.CloseIdleConnections()
+		return nil, kafkaConnectError(brokers, cl.SASL != nil, err)
 	}
 	for _, t := range md.Topics {
 		if t.Name == f.topic && t.Error == nil && len(t.Partitions) > 0 {
 			return b, nil
 		}
+		if t.Name == f.topic && errors.Is(t.Error, kafka.TopicAuthorizationFailed) {
+			tr.CloseIdleConnections()
+			return nil, fmt.Errorf("topic %q on %s: not authorized (the principal has no ACL to describe it)", f.topic, brokers)
+		}
 	}
-	return nil, fmt.Errorf("topic %q %w on %s (--topic names the dead-letter topic)", f.topic, errNoStream, f.brokers)
+	tr.CloseIdleConnections()
+	return nil, fmt.Errorf("topic %q %w on %s (--topic names the dead-letter topic)", f.topic, errNoStream, brokers)
+}
+
+// kafkaConnectError says why Kafka could not be reached in one line.
+func kafkaConnectError(brokers string, withSASL bool, err error) error {
+	msg := err.Error()
+	switch {
+	case errors.Is(err, kafka.SASLAuthenticationFailed) || strings.Contains(msg, "SASL Authentication Failed"):
+		return fmt.Errorf("cannot connect to Kafka at %s: the broker refused the credentials (SASL authentication failed): check sasl.mechanism, sasl.username and sasl.password", brokers)
+	case withSASL && (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET)):
+		// Some brokers refuse credentials by closing the connection.
+		return fmt.Errorf("cannot connect to Kafka at %s: the broker closed the connection during SASL authentication: it refused the credentials or the mechanism (check sasl.mechanism, sasl.username and sasl.password)", brokers)
+	case strings.Contains(msg, "x509:") || strings.Contains(msg, "tls:") || strings.Contains(msg, "first record does not look like a TLS handshake"):
+		return fmt.Errorf("cannot connect to Kafka at %s: TLS: %s (check security.protocol and ssl.ca.location)", brokers, firstLine(msg))
+	case errors.Is(err, context.DeadlineExceeded):
+		return fmt.Errorf("cannot reach Kafka at %s: no answer within --timeout (a TLS or SASL listener spoken to in plaintext stays silent: check security.protocol)", brokers)
+	}
+	return fmt.Errorf("cannot reach Kafka at %s: %s", brokers, firstLine(msg))
+}
+
+func firstLine(s string) string {
+	s, _, _ = strings.Cut(s, "\n")
+	return s
 }
 
 func (b *kafkaBackend) describe() string {
@@ -76,6 +110,29 @@ func (b *kafkaBackend) open(ctx context.Context) (dlq.Source, func(), error) {
 func (b *kafkaBackend) get(ctx context.Context, id string) (*dlq.Letter, string, error) {
 	id = strings.TrimPrefix(id, b.topic+"/")
 	id = strings.Replace(id, "@", "/", 1)
+	// Answer at once for an offset the partition does not have.
+	if ps, os, ok := strings.Cut(id, "/"); ok {
+		part, err1 := strconv.Atoi(ps)
+		off, err2 := strconv.ParseInt(os, 10, 64)
+		if err1 == nil && err2 == nil && part >= 0 && off >= 0 {
+			lo, err := b.client.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{
+				b.topic: {kafka.FirstOffsetOf(part), kafka.LastOffsetOf(part)}}})
+			if err == nil {
+				for _, po := range lo.Topics[b.topic] {
+					if po.Partition != part {
+						continue
+					}
+					if po.Error != nil {
+						return nil, "", fmt.Errorf("no letter %d/%d in topic %s: %v", part, off, b.topic, po.Error)
+					}
+					if off < po.FirstOffset || off >= po.LastOffset {
+						return nil, "", fmt.Errorf("no letter %d/%d in topic %s (partition %d holds offsets %d to %d)",
+							part, off, b.topic, part, po.FirstOffset, po.LastOffset-1)
+					}
+				}
+			}
+		}
+	}
 	l, err := kafkaadapter.GetLetter(ctx, b.cluster, b.topic, id)
 	if errors.Is(err, dlq.ErrInvalidOption) {
 		return nil, "", usageError{err}
@@ -102,32 +159,8 @@ func (b *kafkaBackend) park(ctx context.Context, name string) (dlq.Sink, error) 
 	return s, nil
 }
 
-// purgeAll moves the replay group past every letter: Kafka cannot delete
-// single records, so the topic keeps them for other groups.
-func (b *kafkaBackend) purgeAll(ctx context.Context) (int, error) {
-	src, done, err := b.open(ctx)
-	if err != nil {
-		return 0, err
-	}
-	defer done()
-	n := 0
-	for {
-		batch, err := src.Fetch(ctx, 256)
-		if errors.Is(err, dlq.ErrDrained) {
-			break
-		}
-		if err != nil {
-			return n, err
-		}
-		for _, p := range batch {
-			p.Leave()
-			n++
-		}
-	}
-	return n, src.(*kafkaadapter.LetterSource).Commit(ctx)
-}
-
 func (b *kafkaBackend) close() {
+	b.tr.CloseIdleConnections()
 	if b.tgt != nil {
 		_ = b.tgt.Close()
 	}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 )
 
@@ -33,17 +34,26 @@ func (e usageError) Unwrap() error { return e.err }
 // execute runs the CLI with args and returns the exit code. Errors go to
 // errOut as one "sluice: ..." line (plus a usage hint for bad flags).
 func execute(ctx context.Context, args []string, out, errOut io.Writer) int {
-	root := newRootCmd(out, errOut)
+	secrets := &redactor{}
+	out, errOut = secrets.writer(out), secrets.writer(errOut)
+	root := newRootCmd(out, errOut, secrets)
 	root.SetArgs(args)
 	cmd, err := root.ExecuteContextC(ctx)
 	if err == nil {
 		return exitOK
 	}
-	fmt.Fprintln(errOut, "sluice:", err)
+	fmt.Fprintln(errOut, "sluice: "+oneErrorLine(err))
 	var ue usageError
 	if errors.As(err, &ue) {
 		fmt.Fprintf(errOut, "Run '%s --help' for usage.\n", cmd.CommandPath())
 		return exitUsage
 	}
 	return exitError
+}
+
+// oneErrorLine is err's text without the "sluice: " the library's errors
+// start with (execute adds one), on one line.
+func oneErrorLine(err error) string {
+	s := strings.ReplaceAll(err.Error(), "sluice: ", "")
+	return strings.Join(strings.Fields(strings.ReplaceAll(s, "\n", " ")), " ")
 }
