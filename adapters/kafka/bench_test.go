@@ -115,10 +115,11 @@ func drainSluiceWindow(b *testing.B, topic string, n int, w kafkaadapter.Window,
 	c, err := consumer.New(consumer.Options{}, consumer.Route{
 		Name: "drain", Source: src, Workers: 4, MaxInFlight: w.Messages, MaxInFlightBytes: w.Bytes,
 		Handler: func(ctx context.Context, m *consumer.Message) error {
-			switch done.Add(1) {
-			case 1:
+			v := done.Add(1)
+			if v == 1 {
 				close(started)
-			case int64(n):
+			}
+			if v == int64(n) {
 				close(finished)
 			}
 			return nil

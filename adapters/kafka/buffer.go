@@ -26,6 +26,7 @@ type buffer struct {
 	maxCount int
 	peak     int64
 	peakN    int
+	avg      int64 // average size of the records admitted
 
 	wake  chan struct{} // cap 1: something became ready
 	space chan struct{} // closed (and replaced) when room frees
@@ -49,13 +50,19 @@ func (b *buffer) freed() {
 }
 
 // reserve waits until at least min(want, budget) bytes and one message
-// slot are free, and grants up to want bytes to one broker request.
+// slot are free, and grants up to want bytes to one broker request, but
+// no more than the free message slots take at the average record size
+// seen: a response the count cannot hold would mostly be dropped and
+// fetched again.
 func (b *buffer) reserve(ctx context.Context, want int64) (int64, error) {
 	for {
 		b.mu.Lock()
 		free := b.maxBytes - b.bytes - b.reserved
 		if free >= min(want, b.maxBytes) && b.count < b.maxCount {
 			grant := min(free, want)
+			if b.avg > 0 {
+				grant = min(grant, max(int64(b.maxCount-b.count)*(b.avg+recordOverhead), 4<<10))
+			}
 			b.reserved += grant
 			b.mu.Unlock()
 			return grant, nil
@@ -82,6 +89,10 @@ func (b *buffer) releaseLocked(r *record) {
 	b.count--
 }
 
+// recordOverhead approximates what a record costs on the wire beyond its
+// key, value and headers (length, delta and attribute varints).
+const recordOverhead = 16
+
 // admit returns a grant and charges, of the records one fetch brought
 // (one list per partition, in offset order), what fits in the budget now:
 // taken round robin across the lists, a record at a time, so a partition
@@ -98,6 +109,17 @@ func (b *buffer) admit(grant int64, lists [][]*record) []int {
 	if grant > 0 {
 		defer b.freed()
 	}
+	defer func() {
+		var n, bytes int64
+		for i, l := range lists {
+			for _, r := range l[:kept[i]] {
+				n, bytes = n+1, bytes+r.size
+			}
+		}
+		if n > 0 {
+			b.avg = (b.avg + bytes/n + 1) / 2
+		}
+	}()
 	for more := true; more; {
 		more = false
 		for i, l := range lists {

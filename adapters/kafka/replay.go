@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
-	"github.com/segmentio/kafka-go/protocol"
 
 	"github.com/sluice-go/sluice/consumer"
 	"github.com/sluice-go/sluice/dlq"
@@ -292,11 +291,7 @@ func fetchRecords(ctx context.Context, c *kafka.Client, topic string, partition 
 		if kr.Offset < offset {
 			continue // a batch starting before the offset asked for
 		}
-		key, err := protocol.ReadAll(kr.Key)
-		if err != nil {
-			return out, err
-		}
-		value, err := protocol.ReadAll(kr.Value)
+		key, value, err := readKeyValue(kr)
 		if err != nil {
 			return out, err
 		}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"slices"
 	"strings"
 	"sync"
@@ -12,7 +13,6 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
-	"github.com/segmentio/kafka-go/protocol"
 
 	"github.com/sluice-go/sluice/consumer"
 	"github.com/sluice-go/sluice/dlq"
@@ -374,11 +374,7 @@ func (s *Source) goGen(g *kafka.Generation, fn func(ctx context.Context)) {
 }
 
 func (s *Source) convert(p *partition, kr *kafka.Record, now time.Time) (*record, error) {
-	key, err := protocol.ReadAll(kr.Key)
-	if err != nil {
-		return nil, err
-	}
-	value, err := protocol.ReadAll(kr.Value)
+	key, value, err := readKeyValue(kr)
 	if err != nil {
 		return nil, err
 	}
@@ -393,6 +389,35 @@ func (s *Source) convert(p *partition, kr *kafka.Record, now time.Time) (*record
 		}
 	}
 	return r, nil
+}
+
+// readKeyValue copies a record's key and value out of the fetch response
+// (one allocation for both) and closes them, so the response's pages go
+// back to kafka-go's pool instead of being garbage.
+func readKeyValue(kr *kafka.Record) (key, value []byte, err error) {
+	kn, vn := -1, -1
+	if kr.Key != nil {
+		kn = kr.Key.Len()
+		defer kr.Key.Close()
+	}
+	if kr.Value != nil {
+		vn = kr.Value.Len()
+		defer kr.Value.Close()
+	}
+	buf := make([]byte, max(kn, 0)+max(vn, 0))
+	if kn >= 0 {
+		key = buf[:kn:kn]
+		if _, err := io.ReadFull(kr.Key, key); err != nil {
+			return nil, nil, err
+		}
+	}
+	if vn >= 0 {
+		value = buf[max(kn, 0):]
+		if _, err := io.ReadFull(kr.Value, value); err != nil {
+			return nil, nil, err
+		}
+	}
+	return key, value, nil
 }
 
 // newRecord is the one conversion of a Kafka record into what the Source
