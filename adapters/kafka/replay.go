@@ -54,8 +54,9 @@ type LetterSourceConfig struct {
 // settled — republished, parked, or passed over (Pending.Leave: filtered
 // out, held, malformed; this group will not see those again, the topic
 // still holds them for another group). A letter whose republish failed
-// holds its partition's commit back, so it and everything after it are
-// read again by the next pass. Commits go out before each fetch and in
+// holds its partition's commit back, so it is read again by the next pass;
+// the letters after it already settled are listed in the commit's metadata
+// and the next pass skips them instead of republishing them. Commits go out before each fetch and in
 // Close; a crash in between republishes at most the letters settled since
 // the last commit (Kafka has no per-message deduplication).
 type LetterSource struct {
@@ -70,12 +71,66 @@ type LetterSource struct {
 
 type replayPart struct {
 	id        int
-	next, end int64 // next offset to read; end offset of the pass
-	committed int64 // last committed
+	next, end int64  // next offset to read; end offset of the pass
+	committed int64  // last committed
+	meta      string // last committed metadata (settled offsets above it)
 	handed    []int64
 	settled   map[int64]bool
+	skip      map[int64]bool // settled by an earlier pass above its commit
 	exhausted bool
 	got       []kafka.Message // fetched, not handed out yet
+}
+
+// settledPrefix starts the commit metadata that lists the offsets above a
+// partition's committed offset already settled (republished, parked): a
+// failed letter holds the commit back, and without the list the next pass
+// would republish everything after it again.
+const settledPrefix = "sluice-settled:"
+
+// maxSettledMeta keeps the metadata under Kafka's default
+// offset.metadata.max.bytes (4096); offsets past it are not recorded (a
+// resumed pass republishes those: at-least-once).
+const maxSettledMeta = 3000
+
+// encodeSettled lists offs (sorted, all > mark) as deltas from mark.
+func encodeSettled(mark int64, offs []int64) string {
+	if len(offs) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteString(settledPrefix)
+	prev := mark
+	for i, o := range offs {
+		d := strconv.FormatInt(o-prev, 10)
+		if b.Len()+len(d)+1 > maxSettledMeta {
+			break
+		}
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(d)
+		prev = o
+	}
+	return b.String()
+}
+
+// decodeSettled reads encodeSettled's list; junk yields nothing.
+func decodeSettled(mark int64, meta string) map[int64]bool {
+	rest, ok := strings.CutPrefix(meta, settledPrefix)
+	if !ok || rest == "" {
+		return nil
+	}
+	out := map[int64]bool{}
+	prev := mark
+	for _, f := range strings.Split(rest, ",") {
+		d, err := strconv.ParseInt(f, 10, 64)
+		if err != nil || d <= 0 || len(out) > maxSettledMeta {
+			return nil
+		}
+		prev += d
+		out[prev] = true
+	}
+	return out
 }
 
 var (
@@ -151,6 +206,7 @@ func (s *LetterSource) open(ctx context.Context) error {
 		return fmt.Errorf("kafkaadapter: committed offsets of group %q: %w", s.cfg.Group, err)
 	}
 	committed := map[int]int64{}
+	metas := map[int]string{}
 	switch {
 	case errors.Is(of.Error, kafka.GroupIdNotFound): // a group that never committed (kfake says so)
 	case of.Error != nil:
@@ -159,6 +215,7 @@ func (s *LetterSource) open(ctx context.Context) error {
 		for _, p := range of.Topics[topic] {
 			if p.Error == nil {
 				committed[p.Partition] = p.CommittedOffset
+				metas[p.Partition] = p.Metadata
 			}
 		}
 	}
@@ -168,6 +225,10 @@ func (s *LetterSource) open(ctx context.Context) error {
 			start = c
 		}
 		p := &replayPart{id: id, next: start, end: last[id], committed: start, settled: map[int64]bool{}}
+		if c, ok := committed[id]; ok && c == start {
+			p.meta = metas[id]
+			p.skip = decodeSettled(start, p.meta)
+		}
 		s.parts = append(s.parts, p)
 		p.exhausted = start >= p.end
 	}
@@ -254,6 +315,13 @@ func (s *LetterSource) readPart(ctx context.Context, p *replayPart, n int) ([]*d
 		}
 		p.next = m.Offset + 1
 		p.handed = append(p.handed, m.Offset)
+		if p.skip[m.Offset] {
+			// Settled by an earlier pass: passed over, not handed out again.
+			p.settled[m.Offset] = true
+			delete(p.skip, m.Offset)
+			s.mu.Unlock()
+			continue
+		}
 		s.mu.Unlock()
 		out = append(out, s.pending(p, m))
 	}
@@ -343,6 +411,7 @@ func (s *LetterSource) Commit(ctx context.Context) error {
 	s.mu.Lock()
 	var commits []kafka.OffsetCommit
 	marks := map[int]int64{}
+	metaOf := map[int]string{}
 	for _, p := range s.parts {
 		i := 0
 		for i < len(p.handed) && p.settled[p.handed[i]] {
@@ -354,9 +423,24 @@ func (s *LetterSource) Commit(ctx context.Context) error {
 		if len(p.handed) > 0 {
 			mark = p.handed[0] // the first letter not settled yet
 		}
-		if mark > p.committed {
-			commits = append(commits, kafka.OffsetCommit{Partition: p.id, Offset: mark})
+		// Settled above the mark: recorded, so a later pass skips them.
+		var above []int64
+		for _, o := range p.handed {
+			if p.settled[o] {
+				above = append(above, o)
+			}
+		}
+		for o := range p.skip {
+			if o > mark {
+				above = append(above, o) // an earlier pass's, not read yet
+			}
+		}
+		slices.Sort(above)
+		meta := encodeSettled(mark, above)
+		if mark > p.committed || (mark == p.committed && meta != p.meta) {
+			commits = append(commits, kafka.OffsetCommit{Partition: p.id, Offset: mark, Metadata: meta})
 			marks[p.id] = mark
+			metaOf[p.id] = meta
 		}
 	}
 	s.mu.Unlock()
@@ -378,7 +462,7 @@ func (s *LetterSource) Commit(ctx context.Context) error {
 	s.mu.Lock()
 	for _, p := range s.parts {
 		if m, ok := marks[p.id]; ok {
-			p.committed = m // a failed partition is not in marks: the next Commit retries it
+			p.committed, p.meta = m, metaOf[p.id] // a failed partition is not in marks: the next Commit retries it
 		}
 	}
 	s.mu.Unlock()
