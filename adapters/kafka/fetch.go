@@ -274,7 +274,7 @@ func (f *fetcher) decode(res *fetchAPI.Response, parts []*partition, idx []int, 
 
 // readRecords converts the records of one partition's response from
 // p.offset on.
-func (s *Source) readRecords(p *partition, rp *fetchAPI.ResponsePartition, now time.Time) ([]*record, error) {
+func (s *feed) readRecords(p *partition, rp *fetchAPI.ResponsePartition, now time.Time) ([]*record, error) {
 	rr := rp.RecordSet.Records
 	if rr == nil {
 		return nil, nil
@@ -314,7 +314,7 @@ const maxRetryHold = time.Second
 // not due are dropped and fetched again after the wait, so while a retry
 // partition waits it holds no memory and no part of the buffer, and other
 // partitions keep flowing.
-func (s *Source) dueRetries(p *partition, recs []*record, now time.Time) []*record {
+func (s *feed) dueRetries(p *partition, recs []*record, now time.Time) []*record {
 	for i, r := range recs {
 		if wait := r.due.Sub(now); wait > 0 {
 			p.offset = r.offset

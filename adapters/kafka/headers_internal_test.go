@@ -74,7 +74,7 @@ func TestHeaderOrderForged(t *testing.T) {
 // decided where dead letters and replays went).
 func TestParseRetryUntrusted(t *testing.T) {
 	now := time.Date(2026, 12, 3, 0, 0, 0, 0, time.UTC)
-	p := &partition{gen: &generation{src: &Source{}}, topic: "orders-retry", id: 2, retry: true}
+	p := &partition{gen: &generation{src: &feed{}}, topic: "orders-retry", id: 2, retry: true}
 	mk := func(kv ...string) *record {
 		return newRecord(p, 7, nil, []byte("v"), hdrs(kv...), now)
 	}

@@ -27,13 +27,21 @@ type ReaderOptions struct {
 	OnCommit           func(generation int32, offsets map[string]map[int]int64)
 }
 
-type readerState struct {
+// ReaderSource is a consumer.Source over an application's own group
+// *kafka.Reader: the same prefetch bound, hand-out and watermarks as
+// Source, fed by Reader.FetchMessage and committed with
+// Reader.CommitMessages. See NewReaderSource for what the plain Reader
+// cannot do.
+type ReaderSource struct {
+	feed
 	r     *kafka.Reader
 	mu    sync.Mutex
 	parts map[topicPartition]*partition
 	kick  chan struct{}
 	wg    sync.WaitGroup
 }
+
+var _ consumer.Source = (*ReaderSource)(nil)
 
 type topicPartition struct {
 	topic string
@@ -60,7 +68,7 @@ type topicPartition struct {
 // matters.
 //
 // Close stops fetching and commits once more; it does not close r.
-func NewReaderSource(r *kafka.Reader, opts ReaderOptions) (*Source, error) {
+func NewReaderSource(r *kafka.Reader, opts ReaderOptions) (*ReaderSource, error) {
 	if r == nil {
 		return nil, fmt.Errorf("%w: nil kafka.Reader", consumer.ErrInvalidOption)
 	}
@@ -81,29 +89,38 @@ func NewReaderSource(r *kafka.Reader, opts ReaderOptions) (*Source, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	s := &Source{cfg: cfg, clock: cfg.Clock, done: make(chan struct{}), ready: make(chan struct{})}
-	close(s.ready)
-	if s.clock == nil {
-		s.clock = sysClock{}
-	}
-	s.buf = newBuffer(cfg.PrefetchMessages, cfg.PrefetchBytes)
-	s.rd = &readerState{r: r, parts: map[topicPartition]*partition{}, kick: make(chan struct{}, 1)}
-	s.ctx, s.cancel = context.WithCancel(context.Background())
-	s.rd.wg.Add(2)
-	go func() { defer s.rd.wg.Done(); s.pump() }()
-	go func() { defer s.rd.wg.Done(); s.readerCommits() }()
-	go func() { s.rd.wg.Wait(); close(s.done) }()
+	s := &ReaderSource{r: r, parts: map[topicPartition]*partition{}, kick: make(chan struct{}, 1)}
+	s.feed.init(cfg)
+	s.wg.Add(2)
+	go func() { defer s.wg.Done(); s.pump() }()
+	go func() { defer s.wg.Done(); s.commits() }()
+	go func() { s.wg.Wait(); close(s.done) }()
 	return s, nil
 }
 
+// Close stops fetching and commits once more; it does not close the
+// Reader. Messages not settled by then are delivered again. It is safe to
+// call more than once.
+func (s *ReaderSource) Close() error {
+	if s.closed.Swap(true) {
+		return nil
+	}
+	s.cancel()
+	<-s.done
+	return nil
+}
+
+// Stats returns a snapshot of the counters (Generation is -1: the Reader
+// hides generations).
+func (s *ReaderSource) Stats() Stats { return s.feed.snapshot() }
+
 // readerPartition returns the tracking state for a message at offset,
 // starting afresh when the Reader went back below what it delivered.
-func (s *Source) readerPartition(topic string, id int, offset int64) *partition {
-	rd := s.rd
-	rd.mu.Lock()
-	defer rd.mu.Unlock()
+func (s *ReaderSource) partition(topic string, id int, offset int64) *partition {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	k := topicPartition{topic, id}
-	if p := rd.parts[k]; p != nil {
+	if p := s.parts[k]; p != nil {
 		if p.wm.Deliver(offset) {
 			return p
 		}
@@ -114,15 +131,15 @@ func (s *Source) readerPartition(topic string, id int, offset int64) *partition 
 		s.stats.dropped.Add(int64(s.buf.purge(p.gen)))
 	}
 	s.stats.generations.Add(1)
-	g := &generation{src: s, id: -1, kick: rd.kick}
+	g := &generation{src: &s.feed, id: -1, kick: s.kick}
 	p := &partition{gen: g, topic: topic, id: id, wm: NewWatermark()}
 	g.parts = []*partition{p}
 	p.wm.Deliver(offset)
-	rd.parts[k] = p
+	s.parts[k] = p
 	return p
 }
 
-func (s *Source) pump() {
+func (s *ReaderSource) pump() {
 	ctx := s.ctx
 	backoff := 20 * time.Millisecond
 	for {
@@ -130,7 +147,7 @@ func (s *Source) pump() {
 		if err != nil {
 			return
 		}
-		m, err := s.rd.r.FetchMessage(ctx)
+		m, err := s.r.FetchMessage(ctx)
 		if err != nil {
 			s.buf.unreserve(grant)
 			if ctx.Err() != nil || errors.Is(err, io.EOF) {
@@ -147,7 +164,7 @@ func (s *Source) pump() {
 		}
 		backoff = 20 * time.Millisecond
 		s.stats.fetched.Add(1)
-		p := s.readerPartition(m.Topic, m.Partition, m.Offset)
+		p := s.partition(m.Topic, m.Partition, m.Offset)
 		r := newRecord(p, m.Offset, m.Key, m.Value, m.Headers, m.Time)
 		// The Reader does not deliver a message twice: keep it even if it
 		// takes the buffer past its budget (by one message at most).
@@ -156,30 +173,30 @@ func (s *Source) pump() {
 	}
 }
 
-func (s *Source) readerCommits() {
+func (s *ReaderSource) commits() {
 	t := time.NewTicker(s.cfg.CommitInterval)
 	defer t.Stop()
 	for {
 		select {
 		case <-s.ctx.Done():
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			s.readerCommit(ctx)
+			s.commit(ctx)
 			cancel()
 			return
 		case <-t.C:
-		case <-s.rd.kick:
+		case <-s.kick:
 		}
-		s.readerCommit(s.ctx)
+		s.commit(s.ctx)
 	}
 }
 
-func (s *Source) readerCommit(ctx context.Context) {
-	s.rd.mu.Lock()
+func (s *ReaderSource) commit(ctx context.Context) {
+	s.mu.Lock()
 	var msgs []kafka.Message
 	var parts []*partition
 	var offs []int64
 	offsets := map[string]map[int]int64{}
-	for _, p := range s.rd.parts {
+	for _, p := range s.parts {
 		if off, ok := p.wm.Commit(); ok {
 			// CommitMessages commits the message's offset + 1.
 			msgs = append(msgs, kafka.Message{Topic: p.topic, Partition: p.id, Offset: off - 1})
@@ -191,11 +208,11 @@ func (s *Source) readerCommit(ctx context.Context) {
 			p.gen.settled.Store(0)
 		}
 	}
-	s.rd.mu.Unlock()
+	s.mu.Unlock()
 	if len(msgs) == 0 {
 		return
 	}
-	if err := s.rd.r.CommitMessages(ctx, msgs...); err != nil {
+	if err := s.r.CommitMessages(ctx, msgs...); err != nil {
 		s.stats.commitErrors.Add(1)
 		return
 	}

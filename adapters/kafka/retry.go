@@ -45,7 +45,7 @@ func newWriter(c *Cluster, rt kafka.RoundTripper, topic string) *kafka.Writer {
 
 // writeRetry writes r to the retry topic to be handed out again at
 // notBefore as the next attempt, and returns once all replicas have it.
-func (s *Source) writeRetry(ctx context.Context, r *record, now, notBefore time.Time) error {
+func (s *feed) writeRetry(ctx context.Context, r *record, now, notBefore time.Time) error {
 	first := r.firstFailure
 	if first.IsZero() {
 		first = now

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"slices"
 	"strings"
 	"sync"
@@ -15,7 +14,6 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/sluice-go/sluice/consumer"
-	"github.com/sluice-go/sluice/dlq"
 )
 
 // Source is a consumer.Source over a Kafka consumer group, built on
@@ -29,41 +27,24 @@ import (
 // route's fetch loop; Ack, Nak and Term may come from any goroutine. Close it
 // after the consumer's Run has returned.
 type Source struct {
-	cfg     Config
+	feed
 	cg      *kafka.ConsumerGroup
 	client  *kafka.Client
-	cluster *Cluster // nil for a ReaderSource
-	retryW  *kafka.Writer
-	buf     *buffer
-	clock   consumer.Clock
+	cluster *Cluster
 
-	ctx    context.Context
-	cancel context.CancelFunc
-	done   chan struct{}
-	ready  chan struct{} // closed when the first generation started
-	once   sync.Once
-	closed atomic.Bool
+	ready chan struct{} // closed when the first generation started
+	once  sync.Once
 	// gens counts the goroutines run in generations: Generation.Start on
 	// a generation that closed already (Close racing a new generation)
 	// runs them untracked by kafka-go, and Close must still wait for them.
 	gens sync.WaitGroup
-
-	cur atomic.Pointer[generation]
-	// groupErr is the last error joining the group that retrying cannot
-	// fix (a session timeout the broker refuses, no authorization): Fetch
-	// reports it while there is no generation. nil once a generation
-	// starts.
-	groupErr atomic.Pointer[error]
-	stats    counters
-	out      []*record // Fetch scratch
-
-	rd *readerState // set by NewReaderSource
+	cur  atomic.Pointer[generation]
 }
 
 var _ consumer.Source = (*Source)(nil)
 
 type generation struct {
-	src         *Source
+	src         *feed
 	g           *kafka.Generation
 	id          int32
 	parts       []*partition
@@ -94,20 +75,6 @@ type partition struct {
 	// The buffer's (under its lock): records fetched, not handed out.
 	queue []*record
 	qhead int
-}
-
-// record is one fetched message and, while handed out, its Acker.
-type record struct {
-	part         *partition
-	offset       int64
-	key, value   []byte
-	headers      consumer.Headers
-	time         time.Time
-	attempt      int
-	firstFailure time.Time
-	origin       dlq.Origin
-	size         int64
-	due          time.Time
 }
 
 type counters struct {
@@ -170,18 +137,13 @@ func NewSource(cfg Config) (*Source, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: kafka source: %v", consumer.ErrInvalidOption, err)
 	}
-	s := &Source{cfg: cfg, cg: cg, clock: cfg.Clock, done: make(chan struct{}), ready: make(chan struct{})}
-	if s.clock == nil {
-		s.clock = sysClock{}
-	}
-	s.cluster = cfg.Cluster
+	s := &Source{cg: cg, cluster: cfg.Cluster, ready: make(chan struct{})}
+	s.feed.init(cfg)
 	rt := s.cluster.acquire(topics...)
 	s.client = s.cluster.client(rt)
-	s.buf = newBuffer(cfg.PrefetchMessages, cfg.PrefetchBytes)
 	if cfg.RetryTopic != "" {
 		s.retryW = newWriter(s.cluster, rt, cfg.RetryTopic)
 	}
-	s.ctx, s.cancel = context.WithCancel(context.Background())
 	go s.run()
 	return s, nil
 }
@@ -192,7 +154,7 @@ func NewSource(cfg Config) (*Source, error) {
 // TODO(core contract): RouteLimits.MaxDelay from Attach. Until then the
 // Source knows only its own LocalRetryMaxDelay; longer Nak delays come
 // from the route's retry policy, which it cannot see, so it allows an hour.
-func (s *Source) maxDelay() time.Duration { return max(s.cfg.LocalRetryMaxDelay, time.Hour) }
+func (s *feed) maxDelay() time.Duration { return max(s.cfg.LocalRetryMaxDelay, time.Hour) }
 
 type sysClock struct{}
 
@@ -206,23 +168,26 @@ func (s *Source) Close() error {
 		return nil
 	}
 	s.cancel()
-	var err error
-	if s.cg != nil {
-		err = s.cg.Close()
-	}
+	err := s.cg.Close()
 	<-s.done
 	s.gens.Wait()
 	if s.retryW != nil {
 		err = errors.Join(err, s.retryW.Close())
 	}
-	if s.cluster != nil {
-		s.cluster.release()
-	}
+	s.cluster.release()
 	return err
 }
 
 // Stats returns a snapshot of the counters.
 func (s *Source) Stats() Stats {
+	st := s.feed.snapshot()
+	if g := s.cur.Load(); g != nil && !g.ending.Load() {
+		st.Generation = g.id
+	}
+	return st
+}
+
+func (s *feed) snapshot() Stats {
 	st := Stats{
 		Fetched: s.stats.fetched.Load(), FetchErrors: s.stats.fetchErrors.Load(),
 		Commits: s.stats.commits.Load(), CommitErrors: s.stats.commitErrors.Load(), FencedCommits: s.stats.fenced.Load(),
@@ -233,9 +198,6 @@ func (s *Source) Stats() Stats {
 		Generation: -1,
 	}
 	st.Buffered, st.BufferedBytes, st.PeakBytes, st.PeakBuffered = s.buf.usage()
-	if g := s.cur.Load(); g != nil && !g.ending.Load() {
-		st.Generation = g.id
-	}
 	return st
 }
 
@@ -333,7 +295,7 @@ func transientGroupError(err error) bool {
 	return true
 }
 
-func (s *Source) errorf(format string, args ...any) {
+func (s *feed) errorf(format string, args ...any) {
 	if s.cfg.ErrorLogger != nil {
 		s.cfg.ErrorLogger.Printf(format, args...)
 	}
@@ -341,7 +303,7 @@ func (s *Source) errorf(format string, args ...any) {
 
 func (s *Source) start(g *kafka.Generation) {
 	s.stats.generations.Add(1)
-	gen := &generation{src: s, g: g, id: g.ID, kick: make(chan struct{}, 1)}
+	gen := &generation{src: &s.feed, g: g, id: g.ID, kick: make(chan struct{}, 1)}
 	gen.ctx, gen.cancel = context.WithCancel(s.ctx)
 	for topic, as := range g.Assignments {
 		for _, a := range as {
@@ -371,140 +333,6 @@ func (s *Source) goGen(g *kafka.Generation, fn func(ctx context.Context)) {
 		defer s.gens.Done()
 		fn(ctx)
 	})
-}
-
-func (s *Source) convert(p *partition, kr *kafka.Record, now time.Time) (*record, error) {
-	key, value, err := readKeyValue(kr)
-	if err != nil {
-		return nil, err
-	}
-	r := newRecord(p, kr.Offset, key, value, kr.Headers, kr.Time)
-	if p.retry {
-		res := parseRetry(r, now, s.maxDelay(), s.cfg.Topics)
-		if res.clamped {
-			s.stats.retryClamped.Add(1)
-		}
-		if res.refused {
-			s.stats.retryOriginRefused.Add(1)
-		}
-	}
-	return r, nil
-}
-
-// readKeyValue copies a record's key and value out of the fetch response
-// (one allocation for both) and closes them, so the response's pages go
-// back to kafka-go's pool instead of being garbage.
-func readKeyValue(kr *kafka.Record) (key, value []byte, err error) {
-	kn, vn := -1, -1
-	if kr.Key != nil {
-		kn = kr.Key.Len()
-		defer kr.Key.Close()
-	}
-	if kr.Value != nil {
-		vn = kr.Value.Len()
-		defer kr.Value.Close()
-	}
-	buf := make([]byte, max(kn, 0)+max(vn, 0))
-	if kn >= 0 {
-		key = buf[:kn:kn]
-		if _, err := io.ReadFull(kr.Key, key); err != nil {
-			return nil, nil, err
-		}
-	}
-	if vn >= 0 {
-		value = buf[max(kn, 0):]
-		if _, err := io.ReadFull(kr.Value, value); err != nil {
-			return nil, nil, err
-		}
-	}
-	return key, value, nil
-}
-
-// newRecord is the one conversion of a Kafka record into what the Source
-// hands out, for both Sources.
-func newRecord(p *partition, offset int64, key, value []byte, hs []kafka.Header, t time.Time) *record {
-	var unordered func(string) bool
-	if p.retry {
-		unordered = isRetryHeader // parseRetry removes them
-	}
-	h, size := headerMap(hs, nil, unordered)
-	return &record{
-		part: p, offset: offset, key: key, value: value, headers: h, time: t, attempt: 1,
-		size:   max(size+int64(len(key)+len(value)), 1),
-		origin: dlq.Origin{Topic: p.topic, Partition: int32(p.id), Offset: offset, Group: p.gen.src.cfg.GroupID},
-	}
-}
-
-// Fetch hands out up to maxMessages buffered messages totalling at most
-// maxBytes (or one larger message alone), waiting at most PollWait for the
-// first. Due in-process retries come first.
-func (s *Source) Fetch(ctx context.Context, maxMessages int, maxBytes int64) ([]*consumer.Message, error) {
-	if s.closed.Load() {
-		return nil, fmt.Errorf("kafka source: %w", consumer.ErrClosed)
-	}
-	// A done ctx returns at once, before taking anything: on shutdown the
-	// consumer naks what it fetches straight back (Nak(0) requeues in
-	// process), and handing it out again would go round in circles.
-	if err := ctx.Err(); err != nil || maxMessages <= 0 {
-		return nil, err
-	}
-	var poll *time.Timer
-	defer func() {
-		if poll != nil {
-			poll.Stop()
-		}
-	}()
-	for {
-		recs, next := s.buf.take(s.clock.Now(), maxMessages, maxBytes, s.out[:0])
-		if len(recs) > 0 {
-			out := make([]*consumer.Message, len(recs))
-			ms := make([]consumer.Message, len(recs))
-			for i, r := range recs {
-				ms[i] = consumer.Message{
-					Topic: r.origin.Topic, Key: r.key, Value: r.value, Headers: r.headers,
-					PublishedAt: r.time, Attempt: r.attempt, Size: r.size, Origin: r.origin,
-					FirstFailure: r.firstFailure, Acker: r,
-				}
-				out[i] = &ms[i]
-				recs[i] = nil
-			}
-			s.out = recs[:0]
-			return out, nil
-		}
-		if poll == nil {
-			poll = time.NewTimer(s.cfg.PollWait)
-		}
-		var dueC <-chan time.Time
-		var due *time.Timer
-		if !next.IsZero() {
-			due = time.NewTimer(max(next.Sub(s.clock.Now()), time.Millisecond))
-			dueC = due.C
-		}
-		var err error
-		stop := true
-		select {
-		case <-ctx.Done():
-			err = ctx.Err()
-		case <-poll.C:
-			if s.cur.Load() == nil {
-				if e := s.groupErr.Load(); e != nil {
-					err = *e
-				}
-			}
-		case <-s.done:
-			err = fmt.Errorf("kafka source: %w", consumer.ErrClosed)
-		case <-s.buf.wake:
-			stop = false
-		case <-dueC:
-			stop = false
-		}
-		if due != nil {
-			due.Stop()
-		}
-		if stop {
-			return nil, err
-		}
-	}
 }
 
 // commitLoop commits the generation's watermarks every CommitInterval (or
@@ -573,68 +401,3 @@ func (s *Source) commit(g *generation) {
 		s.cfg.OnCommit(g.id, offsets)
 	}
 }
-
-// settle marks r settled in its partition's watermark, unless the
-// generation that delivered it is over.
-func (r *record) settle() {
-	g := r.part.gen
-	g.outstanding.Add(-1)
-	if g.revoked.Load() {
-		g.src.stats.staleSettles.Add(1)
-		return
-	}
-	r.part.wm.Settle(r.offset)
-	if n := g.src.cfg.CommitEvery; n > 0 && g.settled.Add(1) >= int64(n) {
-		select {
-		case g.kick <- struct{}{}:
-		default:
-		}
-	}
-}
-
-// Ack settles a processed message.
-func (r *record) Ack(context.Context) error { r.settle(); return nil }
-
-// Term settles a message that must not come back (dead-lettered, expired or
-// terminated by the consumer).
-func (r *record) Term(context.Context, string) error { r.settle(); return nil }
-
-// InProgress does nothing: Kafka has no per-message ack deadline.
-func (r *record) InProgress(context.Context) error { return nil }
-
-// Nak puts the message back for another attempt without blocking its
-// partition: in process for delays up to LocalRetryMaxDelay, otherwise
-// (and when the buffer is full) through the retry topic if there is one.
-// The original is settled only after the retry topic acknowledged the copy;
-// a failed write keeps it in process. A message whose generation is over
-// is dropped: it is not committed, so it is delivered again.
-func (r *record) Nak(ctx context.Context, delay time.Duration) error {
-	g := r.part.gen
-	s := g.src
-	if g.ending.Load() {
-		g.outstanding.Add(-1)
-		s.stats.staleSettles.Add(1)
-		return nil
-	}
-	now := s.clock.Now()
-	if s.retryW != nil && (delay > s.cfg.LocalRetryMaxDelay || s.buf.full(r)) {
-		if err := s.writeRetry(ctx, r, now, now.Add(delay)); err == nil {
-			s.stats.retryWrites.Add(1)
-			r.settle()
-			return nil
-		}
-		s.stats.retryWriteErrors.Add(1)
-		delay = min(delay, s.cfg.LocalRetryMaxDelay)
-	}
-	g.outstanding.Add(-1)
-	s.stats.localRetries.Add(1)
-	if r.firstFailure.IsZero() {
-		r.firstFailure = now
-	}
-	r.attempt++
-	r.due = now.Add(delay)
-	s.buf.pushDelayed(r)
-	return nil
-}
-
-var _ consumer.Acker = (*record)(nil)

@@ -1,0 +1,257 @@
+package kafkaadapter
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"sync/atomic"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/sluice-go/sluice/consumer"
+	"github.com/sluice-go/sluice/dlq"
+)
+
+// feed is what the two Sources (Source over a consumer group, ReaderSource
+// over a kafka.Reader) share: the prefetch buffer, the hand-out (Fetch),
+// settlement of the records it handed out (record's Acker methods, the
+// partitions' watermarks), in-process and retry-topic retries, and the
+// counters.
+type feed struct {
+	cfg    Config
+	buf    *buffer
+	clock  consumer.Clock
+	retryW *kafka.Writer // nil without a RetryTopic
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	done   chan struct{} // closed when the Source's own goroutines are gone
+	closed atomic.Bool
+	// groupErr is the last error joining the group that retrying cannot
+	// fix (a session timeout the broker refuses, no authorization): Fetch
+	// reports it while there is no generation. nil once a generation
+	// starts.
+	groupErr atomic.Pointer[error]
+	stats    counters
+	out      []*record // Fetch scratch
+}
+
+func (f *feed) init(cfg Config) {
+	f.cfg, f.clock, f.done, f.buf = cfg, cfg.Clock, make(chan struct{}), newBuffer(cfg.PrefetchMessages, cfg.PrefetchBytes)
+	if f.clock == nil {
+		f.clock = sysClock{}
+	}
+	f.ctx, f.cancel = context.WithCancel(context.Background())
+}
+
+// record is one fetched message and, while handed out, its Acker.
+type record struct {
+	part         *partition
+	offset       int64
+	key, value   []byte
+	headers      consumer.Headers
+	time         time.Time
+	attempt      int
+	firstFailure time.Time
+	origin       dlq.Origin
+	size         int64
+	due          time.Time
+}
+
+func (s *feed) convert(p *partition, kr *kafka.Record, now time.Time) (*record, error) {
+	key, value, err := readKeyValue(kr)
+	if err != nil {
+		return nil, err
+	}
+	r := newRecord(p, kr.Offset, key, value, kr.Headers, kr.Time)
+	if p.retry {
+		res := parseRetry(r, now, s.maxDelay(), s.cfg.Topics)
+		if res.clamped {
+			s.stats.retryClamped.Add(1)
+		}
+		if res.refused {
+			s.stats.retryOriginRefused.Add(1)
+		}
+	}
+	return r, nil
+}
+
+// readKeyValue copies a record's key and value out of the fetch response
+// (one allocation for both) and closes them, so the response's pages go
+// back to kafka-go's pool instead of being garbage.
+func readKeyValue(kr *kafka.Record) (key, value []byte, err error) {
+	kn, vn := -1, -1
+	if kr.Key != nil {
+		kn = kr.Key.Len()
+		defer kr.Key.Close()
+	}
+	if kr.Value != nil {
+		vn = kr.Value.Len()
+		defer kr.Value.Close()
+	}
+	buf := make([]byte, max(kn, 0)+max(vn, 0))
+	if kn >= 0 {
+		key = buf[:kn:kn]
+		if _, err := io.ReadFull(kr.Key, key); err != nil {
+			return nil, nil, err
+		}
+	}
+	if vn >= 0 {
+		value = buf[max(kn, 0):]
+		if _, err := io.ReadFull(kr.Value, value); err != nil {
+			return nil, nil, err
+		}
+	}
+	return key, value, nil
+}
+
+// newRecord is the one conversion of a Kafka record into what the Source
+// hands out, for both Sources.
+func newRecord(p *partition, offset int64, key, value []byte, hs []kafka.Header, t time.Time) *record {
+	var unordered func(string) bool
+	if p.retry {
+		unordered = isRetryHeader // parseRetry removes them
+	}
+	h, size := headerMap(hs, nil, unordered)
+	return &record{
+		part: p, offset: offset, key: key, value: value, headers: h, time: t, attempt: 1,
+		size:   max(size+int64(len(key)+len(value)), 1),
+		origin: dlq.Origin{Topic: p.topic, Partition: int32(p.id), Offset: offset, Group: p.gen.src.cfg.GroupID},
+	}
+}
+
+// Fetch hands out up to maxMessages buffered messages totalling at most
+// maxBytes (or one larger message alone), waiting at most PollWait for the
+// first. Due in-process retries come first.
+func (s *feed) Fetch(ctx context.Context, maxMessages int, maxBytes int64) ([]*consumer.Message, error) {
+	if s.closed.Load() {
+		return nil, fmt.Errorf("kafka source: %w", consumer.ErrClosed)
+	}
+	// A done ctx returns at once, before taking anything: on shutdown the
+	// consumer naks what it fetches straight back (Nak(0) requeues in
+	// process), and handing it out again would go round in circles.
+	if err := ctx.Err(); err != nil || maxMessages <= 0 {
+		return nil, err
+	}
+	var poll *time.Timer
+	defer func() {
+		if poll != nil {
+			poll.Stop()
+		}
+	}()
+	for {
+		recs, next := s.buf.take(s.clock.Now(), maxMessages, maxBytes, s.out[:0])
+		if len(recs) > 0 {
+			out := make([]*consumer.Message, len(recs))
+			ms := make([]consumer.Message, len(recs))
+			for i, r := range recs {
+				ms[i] = consumer.Message{
+					Topic: r.origin.Topic, Key: r.key, Value: r.value, Headers: r.headers,
+					PublishedAt: r.time, Attempt: r.attempt, Size: r.size, Origin: r.origin,
+					FirstFailure: r.firstFailure, Acker: r,
+				}
+				out[i] = &ms[i]
+				recs[i] = nil
+			}
+			s.out = recs[:0]
+			return out, nil
+		}
+		if poll == nil {
+			poll = time.NewTimer(s.cfg.PollWait)
+		}
+		var dueC <-chan time.Time
+		var due *time.Timer
+		if !next.IsZero() {
+			due = time.NewTimer(max(next.Sub(s.clock.Now()), time.Millisecond))
+			dueC = due.C
+		}
+		var err error
+		stop := true
+		select {
+		case <-ctx.Done():
+			err = ctx.Err()
+		case <-poll.C:
+			if e := s.groupErr.Load(); e != nil {
+				err = *e
+			}
+		case <-s.done:
+			err = fmt.Errorf("kafka source: %w", consumer.ErrClosed)
+		case <-s.buf.wake:
+			stop = false
+		case <-dueC:
+			stop = false
+		}
+		if due != nil {
+			due.Stop()
+		}
+		if stop {
+			return nil, err
+		}
+	}
+}
+
+// settle marks r settled in its partition's watermark, unless the
+// generation that delivered it is over.
+func (r *record) settle() {
+	g := r.part.gen
+	g.outstanding.Add(-1)
+	if g.revoked.Load() {
+		g.src.stats.staleSettles.Add(1)
+		return
+	}
+	r.part.wm.Settle(r.offset)
+	if n := g.src.cfg.CommitEvery; n > 0 && g.settled.Add(1) >= int64(n) {
+		select {
+		case g.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Ack settles a processed message.
+func (r *record) Ack(context.Context) error { r.settle(); return nil }
+
+// Term settles a message that must not come back (dead-lettered, expired or
+// terminated by the consumer).
+func (r *record) Term(context.Context, string) error { r.settle(); return nil }
+
+// InProgress does nothing: Kafka has no per-message ack deadline.
+func (r *record) InProgress(context.Context) error { return nil }
+
+// Nak puts the message back for another attempt without blocking its
+// partition: in process for delays up to LocalRetryMaxDelay, otherwise
+// (and when the buffer is full) through the retry topic if there is one.
+// The original is settled only after the retry topic acknowledged the copy;
+// a failed write keeps it in process. A message whose generation is over
+// is dropped: it is not committed, so it is delivered again.
+func (r *record) Nak(ctx context.Context, delay time.Duration) error {
+	g := r.part.gen
+	s := g.src
+	if g.ending.Load() {
+		g.outstanding.Add(-1)
+		s.stats.staleSettles.Add(1)
+		return nil
+	}
+	now := s.clock.Now()
+	if s.retryW != nil && (delay > s.cfg.LocalRetryMaxDelay || s.buf.full(r)) {
+		if err := s.writeRetry(ctx, r, now, now.Add(delay)); err == nil {
+			s.stats.retryWrites.Add(1)
+			r.settle()
+			return nil
+		}
+		s.stats.retryWriteErrors.Add(1)
+		delay = min(delay, s.cfg.LocalRetryMaxDelay)
+	}
+	g.outstanding.Add(-1)
+	s.stats.localRetries.Add(1)
+	if r.firstFailure.IsZero() {
+		r.firstFailure = now
+	}
+	r.attempt++
+	r.due = now.Add(delay)
+	s.buf.pushDelayed(r)
+	return nil
+}
+
+var _ consumer.Acker = (*record)(nil)
