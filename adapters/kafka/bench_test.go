@@ -299,3 +299,34 @@ func createTopics(b *testing.B, ctx context.Context, topics []string, partitions
 		}
 	}
 }
+
+// BenchmarkDrainHeap drains 200k messages of 256 B on 4 partitions (the
+// drain benchmarks' backlog) with each consumer and reports the peak live
+// heap growth over the live heap after producing (kfake's copy of the
+// backlog is in the baseline; on kfake the growth also holds kfake's fetch
+// responses), and for sluice the window plus the Source's bound:
+//
+//	go test -run '^$' -bench DrainHeap -benchtime 1x -count 3 ./adapters/kafka
+func BenchmarkDrainHeap(b *testing.B) {
+	const n = 200000
+	for _, side := range []struct {
+		name  string
+		drain drainFn
+	}{{"raw", drainRaw}, {"sluice", drainSluice}} {
+		b.Run(side.name, func(b *testing.B) {
+			for range b.N {
+				b.StopTimer()
+				topic := cluster.Topic(b, "drainheap", drainPartitions)
+				produceN(b, topic, n, drainSize, nil)
+				peak, base, stop := sampleLiveHeap()
+				side.drain(b, topic, n, func() {})
+				stop()
+				b.ReportMetric(float64(int64(peak.Load())-int64(base))/(1<<20), "heap-growth-MiB")
+				if side.name == "sluice" {
+					w := int64(4 << 20) // drainSluice's window
+					b.ReportMetric(float64(2*w+int64(1<<20))/(1<<20), "window+bound-MiB")
+				}
+			}
+		})
+	}
+}
