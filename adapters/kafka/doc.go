@@ -8,6 +8,16 @@
 //
 //	kafkaadapter "github.com/sluice-go/sluice/adapters/kafka"
 //
+// # Connections
+//
+// A Cluster says how to reach one cluster: brokers, TLS, SASL (kafka-go's
+// sasl/plain or sasl/scram), client id, dial timeout. Everything built from
+// the same *Cluster (Sources, the retry writer, DeadLetterSink,
+// LetterSource, ReplayTarget, GetLetter) shares one kafka.Transport whose
+// metadata requests name only the topics they use, and the consumer
+// groups' coordinator connections use the same TLS and SASL. Source.Ready
+// returns once the group has formed.
+//
 // # Memory and fairness
 //
 // One goroutine per generation fetches every assigned partition, with one
@@ -61,6 +71,23 @@
 // settled only after all replicas stored the copy. If that write fails the
 // message stays in process. The Source consumes the retry topic too and
 // holds each retry until its not-before.
+//
+// A retry record's headers are untrusted: a not-before further out than
+// the longest delay the route asks for is clamped to it
+// (Stats.RetryClamped), and an origin topic that is not one of the
+// Source's topics is ignored (RetryOriginRefused), so a forged or skewed
+// record can neither hold its partition back nor steer where its dead
+// letter or replay goes. Retry copies are only ever written to RetryTopic.
+//
+// # Partitions and headers of what sluice writes
+//
+// Dead letters, retry copies and replays are partitioned by key with
+// murmur2, the Java client's default (librdkafka's murmur2_random), so a
+// key lands where a Java producer would put it. A replay goes back to the
+// original partition when the origin topic still has the partition count
+// recorded in the letter (HeaderOriginPartitions; ReplayTargetOptions.Rehash
+// re-hashes instead). Headers keep their wire order and duplicates through
+// sluice's map-shaped headers (HeaderOrder).
 //
 // # Embedding
 //
