@@ -201,7 +201,15 @@ func (s *LetterSource) open(ctx context.Context) error {
 		}
 		first[po.Partition], last[po.Partition] = po.FirstOffset, po.LastOffset
 	}
-	of, err := s.client.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: s.cfg.Group, Topics: map[string][]int{topic: ids}})
+	var of *kafka.OffsetFetchResponse
+	err = whileCoordinatorMoves(ctx, func() error {
+		var ferr error
+		of, ferr = s.client.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: s.cfg.Group, Topics: map[string][]int{topic: ids}})
+		if ferr == nil && coordinatorMoving(of.Error) {
+			return of.Error
+		}
+		return ferr
+	})
 	if err != nil {
 		return fmt.Errorf("kafkaadapter: committed offsets of group %q: %w", s.cfg.Group, err)
 	}
@@ -447,8 +455,20 @@ func (s *LetterSource) Commit(ctx context.Context) error {
 	if len(commits) == 0 {
 		return nil
 	}
-	resp, err := s.client.OffsetCommit(ctx, &kafka.OffsetCommitRequest{GroupID: s.cfg.Group, GenerationID: -1,
-		Topics: map[string][]kafka.OffsetCommit{s.cfg.Topic: commits}})
+	var resp *kafka.OffsetCommitResponse
+	err := whileCoordinatorMoves(ctx, func() error {
+		var cerr error
+		resp, cerr = s.client.OffsetCommit(ctx, &kafka.OffsetCommitRequest{GroupID: s.cfg.Group, GenerationID: -1,
+			Topics: map[string][]kafka.OffsetCommit{s.cfg.Topic: commits}})
+		if cerr == nil {
+			for _, p := range resp.Topics[s.cfg.Topic] {
+				if coordinatorMoving(p.Error) {
+					return p.Error
+				}
+			}
+		}
+		return cerr
+	})
 	if err != nil {
 		marks = nil
 	} else {
@@ -470,6 +490,33 @@ func (s *LetterSource) Commit(ctx context.Context) error {
 		return fmt.Errorf("kafkaadapter: commit replay group %q: %w", s.cfg.Group, err)
 	}
 	return nil
+}
+
+// coordinatorMoving reports the errors a group's coordinator answers while
+// it is elected or loading (a fresh cluster creating __consumer_offsets, a
+// broker restart): worth a retry, not a failed replay.
+func coordinatorMoving(err error) bool {
+	return errors.Is(err, kafka.NotCoordinatorForGroup) || errors.Is(err, kafka.GroupCoordinatorNotAvailable) ||
+		errors.Is(err, kafka.GroupLoadInProgress)
+}
+
+// whileCoordinatorMoves calls f until it succeeds or fails otherwise,
+// retrying for up to 10 s while the group's coordinator moves.
+func whileCoordinatorMoves(ctx context.Context, f func() error) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for wait := 50 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+		err := f()
+		if !coordinatorMoving(err) || time.Now().After(deadline) {
+			return err
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+	}
 }
 
 // Close commits what was settled and releases the connections.
