@@ -43,8 +43,9 @@ type run struct {
 	sem   chan struct{}
 	wg    sync.WaitGroup
 
-	mu      sync.Mutex // guards st, dests, failErr
+	mu      sync.Mutex // guards st, dests, failErr, inHand
 	st      Progress
+	inHand  int // fetched, not decided yet (counted in Remaining)
 	dests   destTally
 	failErr error
 }
@@ -92,6 +93,9 @@ func (rn *run) loop(ctx context.Context) (Progress, error) {
 			}
 			return rn.report(true), fmt.Errorf("sluice: replay: fetch: %w", err)
 		}
+		rn.mu.Lock()
+		rn.inHand += len(items)
+		rn.mu.Unlock()
 		var moves []move
 		for _, p := range items {
 			mv, now := rn.plan(p)
@@ -171,6 +175,7 @@ func (rn *run) decide(a Action, p *Pending, dest, reason string, parked bool) {
 		a = ActionHold // a scan parks nothing
 	}
 	rn.mu.Lock()
+	rn.inHand--
 	switch a {
 	case ActionReplay:
 		rn.st.Replayed++
@@ -229,6 +234,7 @@ func (rn *run) report(done bool) Progress {
 	if done {
 		p.Destinations = rn.dests.list()
 	}
+	inHand := max(rn.inHand, 0)
 	rn.mu.Unlock()
 	p.Elapsed = time.Since(rn.start)
 	if s := p.Elapsed.Seconds(); s > 0 {
@@ -236,7 +242,7 @@ func (rn *run) report(done bool) Progress {
 	}
 	p.Remaining = -1
 	if sz, ok := rn.src.(Sizer); ok {
-		p.Remaining = sz.Remaining()
+		p.Remaining = sz.Remaining() + inHand
 		if r.opts.Max > 0 {
 			p.Remaining = min(p.Remaining, max(r.opts.Max-p.Moved(), 0))
 		}

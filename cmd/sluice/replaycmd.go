@@ -136,7 +136,7 @@ up to date on a terminal, a plain line every --progress otherwise.`,
 				return err
 			}
 			defer done()
-			if !dry {
+			if !dry && (to != "" || len(allow) > 0) {
 				fmt.Fprintf(errOut, "replaying %s at %s in batches of %d (jitter %v)\n", b.describe(), rate.String(), rp.Batch(), rp.Jitter())
 			}
 			rep, err := rp.Run(ctx, src, b.target())
