@@ -212,8 +212,9 @@ func sampleLiveHeap() (peak *atomic.Uint64, base uint64, stop func()) {
 // BenchmarkIdleRoutes starts 100 routes on one Cluster, each a Source of
 // its own group on its own topic, among 400 other topics, waits until all
 // are assigned and then idle, and reports per route the live heap and the
-// goroutines they added (not counting kfake's), and the CPU the process spent over 5 s of idling
-// (percent of one core; on kfake it includes the in-process broker):
+// goroutines they added (not counting kfake's), and the CPU the process spent idling
+// (percent of one core, over 10 s after 5 s to settle; on kfake it
+// includes the in-process broker):
 //
 //	go test -run '^$' -bench IdleRoutes -benchtime 1x ./adapters/kafka
 func BenchmarkIdleRoutes(b *testing.B) {
@@ -245,12 +246,12 @@ func BenchmarkIdleRoutes(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
-		time.Sleep(2 * time.Second) // settle: first fetches, metadata
+		time.Sleep(5 * time.Second) // settle: first fetches, metadata, the garbage of setting up
 		runtime.GC()
 		g1, h1 := clientGoroutines(), liveHeap()
 		c0, t0 := cpuTime(), time.Now()
 		b.StartTimer()
-		time.Sleep(5 * time.Second)
+		time.Sleep(10 * time.Second)
 		b.StopTimer()
 		cpu := float64(cpuTime()-c0) / float64(time.Since(t0))
 		for _, src := range srcs {
