@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/protocol"
 	fetchAPI "github.com/segmentio/kafka-go/protocol/fetch"
 )
 
@@ -63,6 +64,12 @@ func (s *Source) fetchLoop(ctx context.Context, g *generation) {
 			}
 			for _, r := range l[:kept[i]] {
 				p.wm.Deliver(r.offset)
+			}
+			if kept[i] == len(l) && p.skip > p.offset && !p.hold.After(time.Now()) {
+				// Everything up to a transaction marker was kept: the
+				// marker's offset is done too.
+				p.offset = p.skip
+				p.wm.Advance(p.skip)
 			}
 			s.stats.fetched.Add(int64(kept[i]))
 			s.stats.dropped.Add(int64(s.buf.publish(p, l[:kept[i]])))
@@ -256,7 +263,7 @@ func (f *fetcher) decode(res *fetchAPI.Response, parts []*partition, idx []int, 
 				continue
 			}
 			p.backoffD = 0
-			recs, err := s.readRecords(p, rp, now)
+			recs, skip, err := s.readRecords(p, rp, now)
 			if err != nil {
 				s.stats.fetchErrors.Add(1)
 				s.errorf("kafka source: fetch %s/%d: %v", p.topic, p.id, err)
@@ -267,36 +274,52 @@ func (f *fetcher) decode(res *fetchAPI.Response, parts []*partition, idx []int, 
 			if len(recs) > 0 {
 				p.offset = recs[len(recs)-1].offset + 1
 			}
+			p.skip = skip
 			lists[i] = recs
 		}
 	}
 }
 
 // readRecords converts the records of one partition's response from
-// p.offset on.
-func (s *feed) readRecords(p *partition, rp *fetchAPI.ResponsePartition, now time.Time) ([]*record, error) {
+// p.offset on. Transaction markers (control batches) are not records: it
+// returns one past the last marker it passed over (-1: none), so a
+// partition whose next batch is only a marker moves on instead of
+// fetching that marker again and again.
+func (s *feed) readRecords(p *partition, rp *fetchAPI.ResponsePartition, now time.Time) (out []*record, skip int64, err error) {
+	skip = -1
 	rr := rp.RecordSet.Records
 	if rr == nil {
-		return nil, nil
+		return nil, skip, nil
 	}
-	var out []*record
-	for {
-		kr, err := rr.ReadRecord()
-		if err != nil {
+	batches := []protocol.RecordReader{rr}
+	if st, ok := rr.(*protocol.RecordStream); ok {
+		batches = st.Records
+	}
+	for _, b := range batches {
+		_, control := b.(*protocol.ControlBatch)
+		for {
+			kr, err := b.ReadRecord()
 			if errors.Is(err, io.EOF) {
-				return out, nil
+				break
 			}
-			return out, err
+			if err != nil {
+				return out, skip, err
+			}
+			if kr.Offset < p.offset {
+				continue // a batch starting before the offset asked for
+			}
+			if control {
+				skip = max(skip, kr.Offset+1)
+				continue
+			}
+			r, err := s.convert(p, kr, now)
+			if err != nil {
+				return out, skip, err
+			}
+			out = append(out, r)
 		}
-		if kr.Offset < p.offset {
-			continue // a batch starting before the offset asked for
-		}
-		r, err := s.convert(p, kr, now)
-		if err != nil {
-			return out, err
-		}
-		out = append(out, r)
 	}
+	return out, skip, nil
 }
 
 // backoff makes p wait before its next fetch, doubling up to 1 s.

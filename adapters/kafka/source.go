@@ -71,6 +71,7 @@ type partition struct {
 	offset   int64
 	hold     time.Time
 	backoffD time.Duration
+	skip     int64 // one past the transaction markers the last fetch passed over, -1 none
 
 	// The buffer's (under its lock): records fetched, not handed out.
 	queue []*record

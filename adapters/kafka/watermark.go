@@ -58,6 +58,16 @@ func (w *Watermark) Begin(offset int64) {
 	w.next = offset
 }
 
+// Advance records that the offsets below next that were not delivered
+// never will be (transaction markers): once everything delivered is
+// settled, the commit point is next, so a partition whose log ends with a
+// marker is committed to its end. It never moves the position back.
+func (w *Watermark) Advance(next int64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.next = max(w.next, next)
+}
+
 // Settle marks offset settled. It reports false when offset was never
 // delivered, or was settled before (the second settle changes nothing).
 func (w *Watermark) Settle(offset int64) bool {
