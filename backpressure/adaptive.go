@@ -59,7 +59,7 @@ type AdaptiveLimitOptions struct {
 // finds the concurrency its downstream sustains, shrinks when the
 // downstream slows, and ramps back gradually (additively) when it recovers.
 //
-// The consumer applies it to a route's window (consumer.Route.AdaptiveLimit);
+// The consumer applies it to a route's window (consumer.OverloadPolicy.AdaptiveLimit);
 // it can equally limit any pool. It is safe for concurrent use; ObserveAt
 // takes the time, for tests.
 type AdaptiveLimit struct {
@@ -135,7 +135,7 @@ func (a *AdaptiveLimit) Bounds() (lo, hi int) {
 
 // CapMax lowers Max to n (never below Min) and the limit in force with it,
 // and returns the limit in force. A larger n changes nothing. The consumer
-// calls it with a route's MaxInFlight, so the multiplicative decrease works
+// calls it with a route's Window.Messages, so the multiplicative decrease works
 // on the window's real size: a limit left above the window would have to
 // shrink for many intervals before the window saw any change.
 func (a *AdaptiveLimit) CapMax(n int) int {

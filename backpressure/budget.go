@@ -85,6 +85,14 @@ func (bg *Budget) poolLimit(c Criticality) int64 {
 	return pool - int64(float64(pool)*bg.headroom[c])
 }
 
+// ceiling is the most bytes a window with share s can ever hold at once:
+// its reserve plus what its class may take of an otherwise idle pool.
+func (bg *Budget) ceiling(s *share) int64 {
+	bg.mu.Lock()
+	defer bg.mu.Unlock()
+	return s.reserved + bg.poolLimit(s.class)
+}
+
 func sharedPart(held, reserved int64) int64 {
 	if held > reserved {
 		return held - reserved

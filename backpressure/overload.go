@@ -8,7 +8,7 @@ import (
 
 // ErrOverloaded marks an error as "overloaded, do not retry": the layer that
 // sees it must not retry, and should pass it up so the layer above does not
-// retry either. consumer.ErrOverloaded is the same value.
+// retry either. backpressure.ErrOverloaded is the same value.
 var ErrOverloaded = errors.New("sluice: overloaded, do not retry")
 
 // ErrThrottled is returned by Throttle.Do when the request was rejected

@@ -44,7 +44,7 @@ type ThrottleOptions struct {
 //
 // Wrap calls with Do, or call Allow before a request and Record after it.
 // A consumer Route with a Throttle also uses it to pull less (see
-// consumer.Route.Throttle). A Throttle is safe for concurrent use; methods
+// consumer.OverloadPolicy.Throttle). A Throttle is safe for concurrent use; methods
 // ending in At take the time, for tests.
 type Throttle struct {
 	k        float64

@@ -48,6 +48,9 @@ type Window struct {
 	peakMsgs  int
 	peakBytes int64
 	blocked   time.Duration
+	// budgetBlocked is the part of blocked spent while the window itself
+	// had room and only the Budget refused.
+	budgetBlocked time.Duration
 }
 
 // NewWindow returns a window of maxMessages messages and maxBytes bytes. Both
@@ -113,6 +116,28 @@ func (w *Window) Blocked() time.Duration {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.blocked
+}
+
+// BudgetBlocked reports the part of Blocked spent while the window itself
+// had room and the process-wide Budget refused: memory pressure from other
+// routes, not this route's own backlog.
+func (w *Window) BudgetBlocked() time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.budgetBlocked
+}
+
+// Admissible reports whether a request of one message and b bytes can ever
+// be admitted: always without a Budget (a message larger than the window
+// passes alone), and with one only when b fits what the Budget can ever
+// give this window (its reserve plus the part of the shared pool its class
+// may use). A request that is not admissible would wait forever; callers
+// refuse it instead.
+func (w *Window) Admissible(b int64) bool {
+	if w.budget == nil || b > w.maxBytes {
+		return true // larger than the window: admitted alone, once all is idle
+	}
+	return w.budget.ceiling(w.share) >= b
 }
 
 // Free reports how much could be acquired right now without waiting,
@@ -196,18 +221,43 @@ func (w *Window) Acquire(ctx context.Context, n int, b int64) error {
 			w.mu.Unlock()
 			return nil
 		}
+		budget := w.budgetRefusesLocked(n, b)
 		ch := w.waitChanLocked()
 		w.mu.Unlock()
+		t := time.Now()
 		if start.IsZero() {
-			start = time.Now()
+			start = t
 		}
 		select {
 		case <-ch:
 		case <-ctx.Done():
+		}
+		if budget {
+			w.addBudgetBlocked(time.Since(t))
+		}
+		if ctx.Err() != nil {
 			w.addBlocked(time.Since(start))
 			return ctx.Err()
 		}
 	}
+}
+
+// budgetRefusesLocked reports whether n messages and b bytes would fit the
+// window's own limits and only the Budget keeps them out.
+func (w *Window) budgetRefusesLocked(n int, b int64) bool {
+	if w.budget == nil || w.msgs+n > w.limit {
+		return false
+	}
+	if b > w.maxBytes {
+		return w.msgs == 0 && w.bytes == 0
+	}
+	return w.bytes+b <= w.maxBytes
+}
+
+func (w *Window) addBudgetBlocked(d time.Duration) {
+	w.mu.Lock()
+	w.budgetBlocked += d
+	w.mu.Unlock()
 }
 
 // WaitFree blocks until at least one message slot and one byte are free and
@@ -234,14 +284,21 @@ func (w *Window) WaitFreeAtLeast(ctx context.Context, minMessages int) (messages
 			w.mu.Unlock()
 			return m, b, nil
 		}
+		budget := w.budgetRefusesLocked(min(minMessages, w.limit), 1)
 		ch := w.waitChanLocked()
 		w.mu.Unlock()
+		t := time.Now()
 		if start.IsZero() {
-			start = time.Now()
+			start = t
 		}
 		select {
 		case <-ch:
 		case <-ctx.Done():
+		}
+		if budget {
+			w.addBudgetBlocked(time.Since(t))
+		}
+		if ctx.Err() != nil {
 			w.addBlocked(time.Since(start))
 			return 0, 0, ctx.Err()
 		}

@@ -20,10 +20,12 @@ type benchSource struct {
 
 type countAcker struct{ n *atomic.Int64 }
 
-func (a countAcker) Ack(context.Context) error                { a.n.Add(1); return nil }
-func (a countAcker) Nak(context.Context, time.Duration) error { a.n.Add(1); return nil }
-func (a countAcker) Term(context.Context, string) error       { a.n.Add(1); return nil }
-func (a countAcker) InProgress(context.Context) error         { return nil }
+func (a countAcker) Settle(context.Context, consumer.Settlement) error { a.n.Add(1); return nil }
+func (a countAcker) InProgress(context.Context) error                  { return nil }
+
+func (s *benchSource) Attach(consumer.RouteLimits) (consumer.SourceInfo, error) {
+	return consumer.SourceInfo{}, nil
+}
 
 func (s *benchSource) Fetch(ctx context.Context, n int, _ int64) ([]*consumer.Message, error) {
 	i := s.next.Load()
@@ -54,8 +56,10 @@ func BenchmarkCorePathOverload(b *testing.B) {
 	limit, _ := backpressure.NewAdaptiveLimit(backpressure.AdaptiveLimitOptions{Min: 16, Max: 256, Target: time.Second})
 	throttle, _ := backpressure.NewThrottle(backpressure.ThrottleOptions{})
 	benchCorePath(b, func(r *consumer.Route) {
-		r.Criticality, r.Slots, r.RetryBudget, r.AdaptiveLimit, r.Throttle = backpressure.Critical, slots, budget, limit, throttle
-		r.QueueOrder, r.ShedQueueLength, r.Drop = consumer.QueueLIFO, 250, consumer.DropOldest
+		r.Overload = consumer.OverloadPolicy{
+			Criticality: backpressure.Critical, Slots: slots, RetryBudget: budget, AdaptiveLimit: limit, Throttle: throttle,
+			Queue: consumer.QueuePolicy{Order: consumer.QueueLIFO, MaxLength: 250, DropWhenFull: consumer.DropOldest},
+		}
 	})
 }
 
@@ -67,12 +71,16 @@ func benchCorePath(b *testing.B, opt func(*consumer.Route)) {
 	val := make([]byte, 128)
 	ack := countAcker{&settled}
 	for i := range msgs {
-		msgs[i] = &consumer.Message{Value: val, Acker: ack}
+		msgs[i] = consumer.NewMessage(ack)
+		msgs[i].Value = val
 	}
 	src := &benchSource{msgs: msgs, done: make(chan struct{})}
 	r := consumer.Route{
-		Name: "bench", Source: src, Workers: 2, MaxInFlight: 256, MaxInFlightBytes: 64 << 20,
+		Name:    "bench",
+		Source:  src,
+		Workers: 2,
 		Handler: func(context.Context, *consumer.Message) error { return nil },
+		Window:  consumer.WindowPolicy{Messages: 256, Bytes: 64 << 20},
 	}
 	opt(&r)
 	c, err := consumer.New(consumer.Options{}, r)

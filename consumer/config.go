@@ -2,12 +2,27 @@ package consumer
 
 import (
 	"fmt"
+	"log/slog"
+	"math"
 	"math/rand/v2"
+	"reflect"
 	"time"
 
 	"github.com/sluice-go/sluice/backpressure"
 	"github.com/sluice-go/sluice/dlq"
 	"github.com/sluice-go/sluice/expiry"
+)
+
+// Defaults a Route gets for the numbers it leaves at zero.
+const (
+	// DefaultWorkers is Route.Workers when it is 0.
+	DefaultWorkers = 8
+	// DefaultWindowBytes is WindowPolicy.Bytes when it is 0.
+	DefaultWindowBytes = 8 << 20
+	// MaxWorkers is the most Workers a route may have.
+	MaxWorkers = 4096
+	// MaxWindowMessages is the most messages a route window may hold.
+	MaxWindowMessages = 1 << 20
 )
 
 // Clock reads the time for deadline decisions. Tests inject one; nil means
@@ -17,6 +32,70 @@ type Clock interface{ Now() time.Time }
 type systemClock struct{}
 
 func (systemClock) Now() time.Time { return time.Now() }
+
+// Route connects one Source to one Handler with its own window, workers and
+// policies. One route never takes another's workers or window: that is the
+// bulkhead that keeps slow report-style work from starving critical topics.
+//
+// Name, Source and Handler are required; every other field's zero value is
+// a documented, safe default, so the minimal route is
+//
+//	consumer.Route{Name: "orders", Source: src, Handler: handle}
+//
+// which reads deadlines from the Sluice-Deadline header, runs
+// DefaultWorkers workers in a window of twice as many messages and
+// DefaultWindowBytes bytes, retries 3 times, and terminates what fails for
+// good (set DeadLetter.Sink to keep it).
+type Route struct {
+	// Name identifies the route in metrics, logs and dead letters.
+	// Required, unique within a Consumer.
+	Name string
+	// Source is the route's subscription (see adapters/nats and
+	// adapters/kafka). Required; one Source serves one route.
+	Source Source
+	// Handler processes each message. Required.
+	Handler Handler
+
+	// Workers is the fixed number of goroutines running Handler: no
+	// goroutine per message. 0 means DefaultWorkers; at most MaxWorkers.
+	Workers int
+	// Window bounds what the route holds.
+	Window WindowPolicy
+	// Expiry says where deadlines come from. The zero value reads the
+	// expiry.DefaultHeader header; see expiry.Policy to turn that off.
+	Expiry expiry.Policy
+	// Retry governs retryable handler errors.
+	Retry RetryPolicy
+	// DeadLetter says where messages that failed for good go, and how
+	// expired, oversize and overloaded messages are settled.
+	DeadLetter DeadLetterPolicy
+	// Overload holds the route's overload controls; all are off at their
+	// zero value.
+	Overload OverloadPolicy
+
+	// KeepAlive is how often held messages get InProgress. 0 means a third
+	// of the Source's AckWait (SourceInfo), or none when it reports none.
+	// Negative disables it.
+	KeepAlive time.Duration
+}
+
+// WindowPolicy bounds the messages a route holds, queued, running and
+// awaiting settlement together. The route asks its Source only for what the
+// window has free, so a slow handler shows up as broker lag, not memory.
+type WindowPolicy struct {
+	// Messages bounds the number of messages. 0 means twice the route's
+	// Workers; at most MaxWindowMessages.
+	Messages int
+	// Bytes bounds their bytes (Message.Size). 0 means DefaultWindowBytes.
+	Bytes int64
+	// MaxBatch caps one fetch. 0 means Messages.
+	MaxBatch int
+	// MinFetch is the low-water mark of the pull: the route fetches again
+	// only once at least this many message slots are free, so a broker
+	// round trip carries a batch rather than one message. 0 means a quarter
+	// of MaxBatch (at least 1); 1 fetches as soon as any slot frees.
+	MinFetch int
+}
 
 // ExpiredAction says how a message whose deadline passed is settled. It is
 // never handed to the handler either way.
@@ -34,23 +113,44 @@ const (
 )
 
 // OversizeAction says what happens to a message larger than the route's
-// whole byte window.
+// whole byte window (or than the process Budget can ever give the route).
 type OversizeAction int8
 
 const (
 	// OversizeAdmitAlone waits until the window is otherwise empty and runs
 	// the message alone. The default: slow, never a deadlock, nothing lost.
+	// A message the Budget can never admit is dead-lettered regardless.
 	OversizeAdmitAlone OversizeAction = iota
 	// OversizeDeadLetter writes it to the dead-letter sink (class
 	// "oversize") without running it; without a sink it is terminated.
 	OversizeDeadLetter
 )
 
+// DeadLetterPolicy says where messages that failed for good go, and how the
+// route settles messages it will not run.
+type DeadLetterPolicy struct {
+	// Sink receives permanent failures, messages out of attempts, and what
+	// the actions below send to it. The original is settled only after
+	// the sink confirmed the write. nil means they are terminated with the
+	// reason and counted OutcomeTerminated.
+	Sink dlq.Sink
+	// OnExpired settles expired messages; default ExpiredAck.
+	OnExpired ExpiredAction
+	// OnOversize handles messages bigger than Window.Bytes; default
+	// OversizeAdmitAlone.
+	OnOversize OversizeAction
+	// OnOverloaded settles messages whose handler returned an error marked
+	// "overloaded, do not retry"; default OverloadedNak.
+	OnOverloaded OverloadedAction
+}
+
 // RetryPolicy governs retryable errors. The zero value is 3 attempts with a
 // 100 ms base and 30 s cap.
 type RetryPolicy struct {
 	// MaxAttempts is the most deliveries a message gets, counting broker
-	// redeliveries: 1 means never retry. 0 means 3. Valid: 0 to 1000.
+	// redeliveries and "overloaded" hand-backs: 1 means never retry. When
+	// the last attempt fails the message is dead-lettered. 0 means 3.
+	// Valid: 0 to 1000.
 	MaxAttempts int
 	// BaseDelay is the backoff before the second attempt; each further
 	// attempt doubles it, and the delay actually used is drawn uniformly
@@ -94,39 +194,10 @@ func (p RetryPolicy) withDefaults() RetryPolicy {
 	return p
 }
 
-// Route connects one Source to one Handler with its own window, workers and
-// policies. One route never takes another's workers or window: that is the
-// bulkhead that keeps slow report-style work from starving critical topics.
-type Route struct {
-	// Name identifies the route in metrics and dead letters. Required,
-	// unique within a Consumer.
-	Name    string
-	Source  Source  // required
-	Handler Handler // required
-
-	// Workers is the fixed number of goroutines running Handler. Required, > 0.
-	Workers int
-	// MaxInFlight bounds messages held by the route, queued and running
-	// together. Required, > 0; at least Workers is sensible.
-	MaxInFlight int
-	// MaxInFlightBytes bounds the bytes of those messages. Required, > 0.
-	MaxInFlightBytes int64
-	// MaxBatch caps one fetch. 0 means MaxInFlight.
-	MaxBatch int
-	// MinFetch is the low-water mark of the pull: the route fetches again
-	// only once at least this many message slots are free, so a broker
-	// round trip carries a batch rather than one message. 0 means a quarter
-	// of MaxBatch (at least 1); 1 fetches as soon as any slot frees.
-	MinFetch int
-
-	Retry  RetryPolicy
-	Expiry expiry.Policy
-	// OnExpired settles expired messages; default ExpiredAck.
-	OnExpired ExpiredAction
-	// OnOversize handles messages bigger than MaxInFlightBytes; default
-	// OversizeAdmitAlone.
-	OnOversize OversizeAction
-
+// OverloadPolicy holds a route's overload controls (Google SRE, "Handling
+// Overload"). Every field's zero value keeps the behaviour of a route
+// without it, at no cost on the message path.
+type OverloadPolicy struct {
 	// Criticality is the route's class and the ceiling for any class a
 	// producer's header asks for. The zero value is Sheddable.
 	Criticality backpressure.Criticality
@@ -134,32 +205,14 @@ type Route struct {
 	// alone. Ignored without a Budget.
 	ReservedBytes int64
 
-	// DeadLetter receives permanent failures and messages out of attempts.
-	// nil means they are terminated with the reason and counted Terminated.
-	DeadLetter dlq.Sink
-	// Group names the consumer group or durable in dead letters.
-	Group string
-
-	// KeepAlive is how often in-flight messages get InProgress. 0 means a
-	// third of the Source's AckWait if it reports one (AckWaiter), else
-	// none. Negative disables it.
-	KeepAlive time.Duration
-
-	// Overload control. Every field's zero value keeps the behaviour of a
-	// route without it, at no cost on the message path.
-
 	// RetryBudget, if set, must have room for every in-process retry (a
 	// retryable failure nak'd for redelivery with attempts left); the
 	// route records each first delivery (Attempt 1) as a first attempt.
 	// A failure the budget refuses is not retried: it is dead-lettered with
 	// class ClassRetryBudget (replay it later at a safe pace) or, without a
-	// DeadLetter sink, nak'd with Retry.MaxDelay; either way it counts in
-	// RouteStats.RetryBudgetExhausted. Routes may share one budget. nil
-	// means attempts are capped by Retry.MaxAttempts only.
+	// dead-letter sink, nak'd with Retry.MaxDelay; either way it counts in
+	// RouteStats.Overload.RetryBudgetExhausted. Routes may share one budget.
 	RetryBudget *backpressure.RetryBudget
-	// OnOverloaded settles messages whose handler returned an error marked
-	// "overloaded, do not retry"; default OverloadedNak.
-	OnOverloaded OverloadedAction
 
 	// Throttle, if set, is client-side adaptive throttling of the route's
 	// pull. Each free window slot the fetch loop would fill counts as a
@@ -167,55 +220,53 @@ type Route struct {
 	// "rejected locally", counted, and left in the broker), and each
 	// handler result that is not marked overloaded counts as accepted. So
 	// when the handler's downstream refuses work (the handler returns
-	// Overloaded(err), or ErrThrottled from its own Throttle), the route
-	// fetches about K times what the downstream accepts and the backlog
-	// waits in the broker; when the downstream recovers the pull ramps back
-	// as the window forgets. Do not also call Do/Allow on the same Throttle
-	// from the handler. nil means no throttling.
+	// backpressure.Overloaded(err), or ErrThrottled from its own Throttle),
+	// the route fetches about K times what the downstream accepts and the
+	// backlog waits in the broker. Do not also call Do/Allow on the same
+	// Throttle from the handler.
 	Throttle *backpressure.Throttle
 	// ThrottleWait is how long the fetch loop pauses after the Throttle
 	// rejected some of the slots it offered. 0 means 20 ms.
 	ThrottleWait time.Duration
 
-	// AdaptiveLimit, if set, drives the route window's message limit from
-	// handler latency and results (AIMD between its bounds; New lowers its
-	// Max to MaxInFlight with CapMax when it is larger), so the route finds
-	// the concurrency its downstream sustains. Each route needs its own
-	// AdaptiveLimit: New refuses one shared by two routes. nil means the
-	// window stays at MaxInFlight.
+	// AdaptiveLimit, if set, drives the window's message limit from handler
+	// latency and results (AIMD between its bounds; New lowers its Max to
+	// Window.Messages with CapMax when it is larger). Each route needs its
+	// own AdaptiveLimit: New refuses one shared by two routes.
 	AdaptiveLimit *backpressure.AdaptiveLimit
 	// Slots, if set, is a pool of handler slots shared with other routes
-	// that use the same scarce capacity (one downstream): a worker takes a
-	// slot at the message's criticality before running the handler and
-	// gives it back after, so under contention the lowest class waits
-	// (and its messages expire or queue-shed) while critical routes keep
-	// their throughput. A message whose deadline passes while it waits is
-	// expired. nil means workers run unhindered.
+	// that use the same scarce downstream: a worker takes a slot at the
+	// message's criticality before running the handler, so under
+	// contention the lowest class waits (and its messages expire or are
+	// shed) while critical routes keep their throughput.
 	Slots *backpressure.Slots
 
-	// QueueOrder is the order workers take fetched messages; default
-	// QueueFIFO.
-	QueueOrder QueueOrder
-	// ShedQueueLength sheds a message (chosen by Drop, settled by OnShed,
-	// counted as OutcomeShed with reason ShedQueueFull) whenever more than
-	// this many fetched messages wait for a worker. It only matters below
-	// MaxInFlight − Workers: the window already bounds the queue. 0 means
-	// never shed (the window alone pushes back on the broker).
-	ShedQueueLength int
-	// Drop chooses the message shed by ShedQueueLength; default DropNewest.
-	Drop DropPolicy
+	// Queue orders and bounds the fetched messages waiting for a worker.
+	Queue QueuePolicy
 	// ShedNearDeadline sheds (reason ShedNearDeadline) a message that has
 	// less than this left before its deadline when it is fetched or when a
-	// worker picks it: it would most likely finish late, so it should not
-	// take a window slot or a worker. Set it to about the handler's p99:
-	// under a sustained backlog, an expiry check alone lets workers start
-	// messages with almost no time left, which then finish late. 0 means
-	// off; messages without a deadline are never shed this way.
+	// worker picks it: it would most likely finish late. 0 means off;
+	// messages without a deadline are never shed this way.
 	ShedNearDeadline time.Duration
 	// OnShed settles shed messages; default ShedNak.
 	OnShed ShedAction
 	// ShedDelay is the Nak delay of a shed message. 0 means 1 s.
 	ShedDelay time.Duration
+}
+
+// QueuePolicy orders and bounds a route's queue of fetched messages that
+// wait for a worker. The window already bounds it; these shed earlier.
+type QueuePolicy struct {
+	// Order is the order workers take queued messages; default QueueFIFO.
+	Order QueueOrder
+	// MaxLength sheds a message (chosen by DropWhenFull, settled by
+	// OnShed, counted as OutcomeShed with reason ShedQueueFull) whenever
+	// more than this many messages wait for a worker. It only matters
+	// below Window.Messages − Workers. 0 means never shed.
+	MaxLength int
+	// DropWhenFull chooses the message shed when the queue is over
+	// MaxLength; default DropNewest.
+	DropWhenFull DropPolicy
 }
 
 // Options configure a Consumer. The zero value is usable.
@@ -225,59 +276,121 @@ type Options struct {
 	// Observer receives per-route stats and handler timings (see package
 	// metrics for Prometheus). nil means none.
 	Observer Observer
-	// ShutdownGrace is how long running handlers get to finish after Run's
-	// ctx is done, before their contexts are cancelled. 0 means 10 s.
+	// Logger receives errors the routes cannot return (fetch, settlement
+	// and dead-letter failures), each distinct error at most once per
+	// LogInterval per route, with the route's name. nil means none; the
+	// last error is in RouteStats either way.
+	Logger *slog.Logger
+	// LogInterval is the least time between two log lines for the same
+	// error text on one route. 0 means 10 s.
+	LogInterval time.Duration
+	// ShutdownGrace is how long running handlers and settlements get after
+	// Run's ctx is done. Run returns within ShutdownGrace plus
+	// ShutdownSlack, whatever a handler, sink or broker does. 0 means 10 s.
 	// Negative is invalid.
 	ShutdownGrace time.Duration
 	// Budget is an optional process-wide byte budget above route windows.
 	Budget *backpressure.Budget
 }
 
+// ShutdownSlack is what Run may take past Options.ShutdownGrace: handlers
+// whose ctx was cancelled at the end of the grace get this long to return,
+// and settlements still under way get this long to finish.
+const ShutdownSlack = time.Second
+
+// isNil reports whether v is nil or an interface holding a nil pointer,
+// map, slice, func or channel (a "typed nil" that would panic later).
+func isNil(v any) bool {
+	if v == nil {
+		return true
+	}
+	rv := reflect.ValueOf(v)
+	switch rv.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan, reflect.Interface:
+		return rv.IsNil()
+	}
+	return false
+}
+
+// withDefaults fills the zero values of r that have defaults.
+func (r Route) withDefaults() Route {
+	if r.Workers == 0 {
+		r.Workers = DefaultWorkers
+	}
+	if r.Window.Messages == 0 {
+		r.Window.Messages = min(2*r.Workers, MaxWindowMessages)
+	}
+	if r.Window.Bytes == 0 {
+		r.Window.Bytes = DefaultWindowBytes
+	}
+	if r.Window.MaxBatch == 0 || r.Window.MaxBatch > r.Window.Messages {
+		r.Window.MaxBatch = r.Window.Messages
+	}
+	if r.Window.MinFetch == 0 {
+		r.Window.MinFetch = max(1, r.Window.MaxBatch/4)
+	}
+	r.Window.MinFetch = min(r.Window.MinFetch, r.Window.MaxBatch)
+	r.Retry = r.Retry.withDefaults()
+	if r.Overload.ShedDelay == 0 {
+		r.Overload.ShedDelay = time.Second
+	}
+	if r.Overload.ThrottleWait == 0 {
+		r.Overload.ThrottleWait = 20 * time.Millisecond
+	}
+	return r
+}
+
+// validate checks r as given (before defaults).
 func (r *Route) validate() error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: route %q: "+format, append([]any{ErrInvalidOption, r.Name}, args...)...)
 	}
+	o := &r.Overload
 	switch {
 	case r.Name == "":
 		return fmt.Errorf("%w: route name is empty", ErrInvalidOption)
-	case r.Source == nil:
+	case isNil(r.Source):
 		return bad("Source is nil")
 	case r.Handler == nil:
 		return bad("Handler is nil")
-	case r.Workers <= 0:
-		return bad("Workers must be > 0, got %d", r.Workers)
-	case r.MaxInFlight <= 0:
-		return bad("MaxInFlight must be > 0, got %d", r.MaxInFlight)
-	case r.MaxInFlightBytes <= 0:
-		return bad("MaxInFlightBytes must be > 0, got %d", r.MaxInFlightBytes)
-	case r.MaxBatch < 0:
-		return bad("MaxBatch must be >= 0, got %d", r.MaxBatch)
-	case r.MinFetch < 0:
-		return bad("MinFetch must be >= 0, got %d", r.MinFetch)
+	case r.Workers < 0 || r.Workers > MaxWorkers:
+		return bad("Workers must be 0 (default %d) to %d, got %d", DefaultWorkers, MaxWorkers, r.Workers)
+	case r.Window.Messages < 0 || r.Window.Messages > MaxWindowMessages:
+		return bad("Window.Messages must be 0 (default) to %d, got %d", MaxWindowMessages, r.Window.Messages)
+	case r.Window.Bytes < 0:
+		return bad("Window.Bytes must be >= 0, got %d", r.Window.Bytes)
+	case r.Window.MaxBatch < 0:
+		return bad("Window.MaxBatch must be >= 0, got %d", r.Window.MaxBatch)
+	case r.Window.MinFetch < 0:
+		return bad("Window.MinFetch must be >= 0, got %d", r.Window.MinFetch)
 	case r.Retry.MaxAttempts < 0 || r.Retry.MaxAttempts > 1000:
 		return bad("Retry.MaxAttempts must be 0..1000, got %d", r.Retry.MaxAttempts)
 	case r.Retry.BaseDelay < 0 || r.Retry.MaxDelay < 0:
 		return bad("Retry delays must not be negative")
 	case r.Retry.MaxDelay > 0 && r.Retry.BaseDelay > r.Retry.MaxDelay:
 		return bad("Retry.BaseDelay %v exceeds MaxDelay %v", r.Retry.BaseDelay, r.Retry.MaxDelay)
-	case !r.Criticality.Valid():
-		return bad("Criticality %d is not a class", r.Criticality)
-	case r.ReservedBytes < 0:
-		return bad("ReservedBytes must be >= 0")
-	case r.OnExpired < ExpiredAck || r.OnExpired > ExpiredDeadLetter:
-		return bad("OnExpired %d", r.OnExpired)
-	case r.OnOversize < OversizeAdmitAlone || r.OnOversize > OversizeDeadLetter:
-		return bad("OnOversize %d", r.OnOversize)
-	case r.OnOverloaded < OverloadedNak || r.OnOverloaded > OverloadedDeadLetter:
-		return bad("OnOverloaded %d", r.OnOverloaded)
-	case r.QueueOrder < QueueFIFO || r.QueueOrder > QueueLIFO:
-		return bad("QueueOrder %d", r.QueueOrder)
-	case r.Drop < DropNewest || r.Drop > DropLowestCriticality:
-		return bad("Drop %d", r.Drop)
-	case r.OnShed < ShedNak || r.OnShed > ShedAck:
-		return bad("OnShed %d", r.OnShed)
-	case r.ShedQueueLength < 0 || r.ShedNearDeadline < 0 || r.ShedDelay < 0 || r.ThrottleWait < 0:
-		return bad("ShedQueueLength, ShedNearDeadline, ShedDelay and ThrottleWait must not be negative")
+	case r.DeadLetter.Sink != nil && isNil(r.DeadLetter.Sink):
+		return bad("DeadLetter.Sink is a typed nil")
+	case r.DeadLetter.OnExpired < ExpiredAck || r.DeadLetter.OnExpired > ExpiredDeadLetter:
+		return bad("DeadLetter.OnExpired %d", r.DeadLetter.OnExpired)
+	case r.DeadLetter.OnOversize < OversizeAdmitAlone || r.DeadLetter.OnOversize > OversizeDeadLetter:
+		return bad("DeadLetter.OnOversize %d", r.DeadLetter.OnOversize)
+	case r.DeadLetter.OnOverloaded < OverloadedNak || r.DeadLetter.OnOverloaded > OverloadedDeadLetter:
+		return bad("DeadLetter.OnOverloaded %d", r.DeadLetter.OnOverloaded)
+	case !o.Criticality.Valid():
+		return bad("Overload.Criticality %d is not a class", o.Criticality)
+	case o.ReservedBytes < 0:
+		return bad("Overload.ReservedBytes must be >= 0")
+	case o.Queue.Order < QueueFIFO || o.Queue.Order > QueueLIFO:
+		return bad("Overload.Queue.Order %d", o.Queue.Order)
+	case o.Queue.DropWhenFull < DropNewest || o.Queue.DropWhenFull > DropLowestCriticality:
+		return bad("Overload.Queue.DropWhenFull %d", o.Queue.DropWhenFull)
+	case o.OnShed < ShedNak || o.OnShed > ShedAck:
+		return bad("Overload.OnShed %d", o.OnShed)
+	case o.Queue.MaxLength < 0 || o.ShedNearDeadline < 0 || o.ShedDelay < 0 || o.ThrottleWait < 0:
+		return bad("Overload.Queue.MaxLength, ShedNearDeadline, ShedDelay and ThrottleWait must not be negative")
+	case r.Retry.MaxDelay > math.MaxInt64/4 || o.ShedDelay > math.MaxInt64/4:
+		return bad("delays too large")
 	}
 	if err := r.Expiry.Validate(); err != nil {
 		return fmt.Errorf("route %q: %w", r.Name, err)

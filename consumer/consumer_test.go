@@ -16,13 +16,28 @@ import (
 	"github.com/sluice-go/sluice/consumer"
 	"github.com/sluice-go/sluice/dlq"
 	"github.com/sluice-go/sluice/expiry"
-	"github.com/sluice-go/sluice/internal/memsource"
+	"github.com/sluice-go/sluice/sluicetest"
 )
 
 func route(name string, src consumer.Source, h consumer.Handler) consumer.Route {
-	return consumer.Route{Name: name, Source: src, Handler: h, Workers: 2, MaxInFlight: 3, MaxInFlightBytes: 1 << 20,
-		Retry: consumer.RetryPolicy{BaseDelay: time.Millisecond, MaxDelay: time.Millisecond}}
+	return consumer.Route{
+		Name:    name,
+		Source:  src,
+		Handler: h,
+		Workers: 2,
+		Retry:   consumer.RetryPolicy{BaseDelay: time.Millisecond, MaxDelay: time.Millisecond},
+		Window:  consumer.WindowPolicy{Messages: 3, Bytes: 1 << 20},
+	}
 }
+
+// runObserver reports each handler run's outcome on done once the route has
+// dealt with its result: a test's way to know a (stuck) worker is through.
+type runObserver struct{ done chan consumer.Outcome }
+
+func (o *runObserver) ObserveRoute(consumer.RouteInfo, func() consumer.RouteStats) consumer.RouteObserver {
+	return o
+}
+func (o *runObserver) HandlerDone(out consumer.Outcome, _ time.Duration) { o.done <- out }
 
 // start runs c in the background and returns a stop func that cancels and
 // returns Run's error.
@@ -61,13 +76,15 @@ func settledTotal(s consumer.RouteStats) uint64 {
 }
 
 func TestNewValidates(t *testing.T) {
-	src := memsource.New()
+	src := sluicetest.NewSource()
 	ok := func(context.Context, *consumer.Message) error { return nil }
 	base := route("r", src, ok)
 	cases := map[string]func(r *consumer.Route){
-		"zero workers":      func(r *consumer.Route) { r.Workers = 0 },
-		"zero window":       func(r *consumer.Route) { r.MaxInFlight = 0 },
-		"negative bytes":    func(r *consumer.Route) { r.MaxInFlightBytes = -1 },
+		"negative workers":  func(r *consumer.Route) { r.Workers = -1 },
+		"huge workers":      func(r *consumer.Route) { r.Workers = 1 << 40 },
+		"negative window":   func(r *consumer.Route) { r.Window.Messages = -1 },
+		"huge window":       func(r *consumer.Route) { r.Window.Messages = 1 << 26 },
+		"negative bytes":    func(r *consumer.Route) { r.Window.Bytes = -1 },
 		"negative delay":    func(r *consumer.Route) { r.Retry.BaseDelay = -time.Second },
 		"attempts too many": func(r *consumer.Route) { r.Retry.MaxAttempts = 5000 },
 		"no handler":        func(r *consumer.Route) { r.Handler = nil },
@@ -92,7 +109,7 @@ func TestNewValidates(t *testing.T) {
 // The pull asks only for what the window has free, and in-flight never
 // exceeds the window while a backlog waits in the source.
 func TestPullNeverExceedsWindow(t *testing.T) {
-	src := memsource.New()
+	src := sluicetest.NewSource()
 	for i := range 200 {
 		src.Publish(strconv.Itoa(i), make([]byte, 100), nil, time.Time{})
 	}
@@ -110,7 +127,7 @@ func TestPullNeverExceedsWindow(t *testing.T) {
 		return nil
 	}
 	r := route("r", src, h)
-	r.Workers, r.MaxInFlight, r.MaxInFlightBytes = 4, 10, 650 // bytes bind first: 6 × ~103 B
+	r.Workers, r.Window.Messages, r.Window.Bytes = 4, 10, 650 // bytes bind first: 6 × ~103 B
 	c, err := consumer.New(consumer.Options{}, r)
 	if err != nil {
 		t.Fatal(err)
@@ -121,15 +138,15 @@ func TestPullNeverExceedsWindow(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := c.Stats()[0]
-	if s.PeakInFlight > 10 || s.PeakInFlightBytes > 650 {
-		t.Fatalf("peak %d msgs / %d bytes over window 10 / 650", s.PeakInFlight, s.PeakInFlightBytes)
+	if s.Window.Peak > 10 || s.Window.PeakBytes > 650 {
+		t.Fatalf("peak %d msgs / %d bytes over window 10 / 650", s.Window.Peak, s.Window.PeakBytes)
 	}
 	for _, a := range src.Asks() {
 		if a.Messages > 10 || a.Bytes > 650 || a.Messages <= 0 || a.Bytes <= 0 {
 			t.Fatalf("fetch asked for %+v, beyond the window", a)
 		}
 	}
-	if s.Blocked <= 0 {
+	if s.Window.Blocked <= 0 {
 		t.Fatal("no time recorded blocked on the window")
 	}
 	checkLedger(t, src, 200)
@@ -138,7 +155,7 @@ func TestPullNeverExceedsWindow(t *testing.T) {
 // The core port of the admission scenario: 2 workers, window 3; failing,
 // panicking and shutdown paths all return their slot.
 func TestEverySettlementReturnsItsSlot(t *testing.T) {
-	src := memsource.New()
+	src := sluicetest.NewSource()
 	gate := make(chan struct{})
 	var calls atomic.Int32
 	h := func(ctx context.Context, m *consumer.Message) error {
@@ -170,64 +187,85 @@ func TestEverySettlementReturnsItsSlot(t *testing.T) {
 	}
 	eventually(t, "three settled", func() bool { return settledTotal(c.Stats()[0]) == 3 })
 	s := c.Stats()[0]
-	if s.InFlight != 0 || s.Panics != 1 || s.Settled[consumer.OutcomeTerminated] != 2 || s.Settled[consumer.OutcomeSucceeded] != 1 {
+	if s.Held != 0 || s.Errors.Panics != 1 || s.Settled[consumer.OutcomeTerminated] != 2 || s.Settled[consumer.OutcomeSucceeded] != 1 {
 		t.Fatalf("stats %+v", s)
 	}
 	// Three blocking handlers fill the window (2 running + 1 queued).
 	for i := range 3 {
 		src.Publish(fmt.Sprintf("block-%d", i), nil, nil, time.Time{})
 	}
-	eventually(t, "window full", func() bool { return c.Stats()[0].InFlight == 3 })
+	eventually(t, "window full", func() bool { return c.Stats()[0].Held == 3 })
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
 	s = c.Stats()[0]
-	if s.InFlight != 0 {
-		t.Fatalf("in flight after shutdown: %d", s.InFlight)
+	if s.Held != 0 {
+		t.Fatalf("in flight after shutdown: %d", s.Held)
 	}
 	if s.Fetched != settledTotal(s) {
 		t.Fatalf("ledger: fetched %d, settled %d", s.Fetched, settledTotal(s))
 	}
 }
 
-func TestShutdownReturnsQueuedAndStuck(t *testing.T) {
-	src := memsource.New()
+// At shutdown, a message that has not started is returned (nak'd), and the
+// message of a handler that ignores cancellation past the grace is left
+// unsettled (abandoned): settling it would let another consumer run it
+// while it still runs here. When the stuck handler finally returns, its
+// result is ignored.
+func TestShutdownReturnsQueuedAndAbandonsStuck(t *testing.T) {
+	src := sluicetest.NewSource()
 	release := make(chan struct{})
+	var returned sync.WaitGroup
 	h := func(ctx context.Context, m *consumer.Message) error {
+		defer returned.Done()
 		<-release // ignores ctx: a stuck handler
 		return nil
 	}
-	r := route("r", src, h)
-	c, _ := consumer.New(consumer.Options{ShutdownGrace: 20 * time.Millisecond}, r)
+	r := route("r", src, h) // 2 workers, window 3
+	runs := &runObserver{done: make(chan consumer.Outcome, 2)}
+	c, _ := consumer.New(consumer.Options{ShutdownGrace: 20 * time.Millisecond, Observer: runs}, r)
+	returned.Add(2)
 	stop := start(t, c)
 	for i := range 5 {
 		src.Publish(strconv.Itoa(i), nil, nil, time.Time{})
 	}
-	eventually(t, "window full", func() bool { return c.Stats()[0].InFlight == 3 })
+	eventually(t, "window full", func() bool { return c.Stats()[0].Held == 3 })
 	err := stop()
 	if !errors.Is(err, consumer.ErrStuckHandlers) {
 		t.Fatalf("Run = %v, want ErrStuckHandlers", err)
 	}
 	s := c.Stats()[0]
-	if s.Settled[consumer.OutcomeReturned] != 3 || s.InFlight != 0 {
-		t.Fatalf("returned %d, in flight %d", s.Settled[consumer.OutcomeReturned], s.InFlight)
+	if s.Settled[consumer.OutcomeAbandoned] != 2 || s.Settled[consumer.OutcomeReturned] != 1 || s.Held != 0 {
+		t.Fatalf("abandoned %d, returned %d, held %d", s.Settled[consumer.OutcomeAbandoned], s.Settled[consumer.OutcomeReturned], s.Held)
 	}
-	close(release) // let the stuck goroutines finish; their late results are ignored
-	time.Sleep(20 * time.Millisecond)
+	close(release)
+	returned.Wait()
+	<-runs.done // the Observer hears of each run once finish has dealt with it
+	<-runs.done
+	if after := c.Stats()[0]; after.Settled != s.Settled {
+		t.Fatalf("a stuck handler's late result was counted: %v, then %v", s.Settled, after.Settled)
+	}
 	ledger, violations := src.Ledger()
 	if len(violations) > 0 {
 		t.Fatalf("violations: %v", violations)
 	}
-	for id, rec := range ledger {
+	pending := 0
+	for _, rec := range ledger {
 		if rec.Pending {
-			t.Fatalf("%s left pending", id)
+			pending++ // abandoned: the broker redelivers it after its ack deadline
 		}
+		if rec.Acks+rec.Terms > 0 {
+			t.Fatalf("a message was settled for good at shutdown: %+v", rec)
+		}
+	}
+	if pending != 2 {
+		t.Fatalf("%d messages left to the broker, want the 2 stuck ones", pending)
 	}
 }
 
 func TestExpiredNeverReachesHandler(t *testing.T) {
 	clock := &fakeClock{now: time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)}
-	src := memsource.New()
+	src := sluicetest.NewSource()
 	var ran sync.Map
 	h := func(ctx context.Context, m *consumer.Message) error {
 		ran.Store(string(m.Key), true)
@@ -237,7 +275,7 @@ func TestExpiredNeverReachesHandler(t *testing.T) {
 		return nil
 	}
 	r := route("r", src, h)
-	r.Expiry = expiry.Policy{UseHeader: true, MaxAge: time.Minute, Skew: time.Second}
+	r.Expiry = expiry.Policy{MaxAge: time.Minute, Skew: time.Second}
 	c, _ := consumer.New(consumer.Options{Clock: clock}, r)
 	now := clock.Now()
 	hdr := func(d time.Time) consumer.Headers {
@@ -262,8 +300,8 @@ func TestExpiredNeverReachesHandler(t *testing.T) {
 		}
 	}
 	s := c.Stats()[0]
-	if s.Settled[consumer.OutcomeExpired] != 2 || s.MalformedDeadlines != 1 || s.Settled[consumer.OutcomeSucceeded] != 3 {
-		t.Fatalf("stats: expired %d malformed %d succeeded %d", s.Settled[consumer.OutcomeExpired], s.MalformedDeadlines, s.Settled[consumer.OutcomeSucceeded])
+	if s.Settled[consumer.OutcomeExpired] != 2 || s.Errors.MalformedDeadlines != 1 || s.Settled[consumer.OutcomeSucceeded] != 3 {
+		t.Fatalf("stats: expired %d malformed %d succeeded %d", s.Settled[consumer.OutcomeExpired], s.Errors.MalformedDeadlines, s.Settled[consumer.OutcomeSucceeded])
 	}
 }
 
@@ -271,7 +309,7 @@ func TestExpiredNeverReachesHandler(t *testing.T) {
 // right before the handler.
 func TestExpiresWhileQueued(t *testing.T) {
 	clock := &fakeClock{now: time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)}
-	src := memsource.New()
+	src := sluicetest.NewSource()
 	gate := make(chan struct{})
 	var ran atomic.Int32
 	h := func(ctx context.Context, m *consumer.Message) error {
@@ -283,7 +321,7 @@ func TestExpiresWhileQueued(t *testing.T) {
 	}
 	r := route("r", src, h)
 	r.Workers = 1
-	r.Expiry = expiry.Policy{UseHeader: true}
+	r.Expiry = expiry.Policy{}
 	c, _ := consumer.New(consumer.Options{Clock: clock}, r)
 	now := clock.Now()
 	src.Publish("first", nil, nil, now)
@@ -300,7 +338,7 @@ func TestExpiresWhileQueued(t *testing.T) {
 }
 
 func TestRetriesThenDeadLetter(t *testing.T) {
-	src := memsource.New()
+	src := sluicetest.NewSource()
 	var letters []*dlq.Letter
 	var mu sync.Mutex
 	sink := dlq.SinkFunc(func(ctx context.Context, l *dlq.Letter) error {
@@ -320,8 +358,7 @@ func TestRetriesThenDeadLetter(t *testing.T) {
 		return errors.New("downstream 503")
 	}
 	r := route("r", src, h)
-	r.DeadLetter = sink
-	r.Group = "g1"
+	r.DeadLetter.Sink = sink
 	r.Retry.MaxAttempts = 3
 	c, _ := consumer.New(consumer.Options{}, r)
 	src.Publish("flaky", []byte("v"), consumer.Headers{"X-App": {"1"}}, time.Time{})
@@ -338,7 +375,7 @@ func TestRetriesThenDeadLetter(t *testing.T) {
 	for _, l := range letters {
 		byKey[string(l.Key)] = l
 	}
-	if l := byKey["flaky"]; l == nil || l.Class != dlq.ClassExhausted || l.Attempts != 3 || l.Origin.Group != "g1" ||
+	if l := byKey["flaky"]; l == nil || l.Class != dlq.ClassExhausted || l.Attempts != 3 || l.Route != "r" ||
 		l.Headers["X-App"][0] != "1" || l.FirstFailure.After(l.LastFailure) {
 		t.Fatalf("flaky letter %+v", l)
 	}
@@ -356,7 +393,7 @@ func TestRetriesThenDeadLetter(t *testing.T) {
 
 // A failing DLQ write naks the original: it is redelivered, never lost.
 func TestDeadLetterFailureNaks(t *testing.T) {
-	src := memsource.New()
+	src := sluicetest.NewSource()
 	var fail atomic.Bool
 	fail.Store(true)
 	var stored atomic.Int32
@@ -369,7 +406,7 @@ func TestDeadLetterFailureNaks(t *testing.T) {
 	})
 	h := func(ctx context.Context, m *consumer.Message) error { return consumer.Permanent(errors.New("bad")) }
 	r := route("r", src, h)
-	r.DeadLetter = sink
+	r.DeadLetter.Sink = sink
 	c, _ := consumer.New(consumer.Options{}, r)
 	src.Publish("x", nil, nil, time.Time{})
 	stop := start(t, c)
@@ -386,11 +423,11 @@ func TestDeadLetterFailureNaks(t *testing.T) {
 }
 
 func TestOverloadedIsNotRetriedInProcess(t *testing.T) {
-	src := memsource.New()
+	src := sluicetest.NewSource()
 	var calls atomic.Int32
 	h := func(ctx context.Context, m *consumer.Message) error {
 		if calls.Add(1) == 1 {
-			return consumer.Overloaded(errors.New("downstream shedding"))
+			return backpressure.Overloaded(errors.New("downstream shedding"))
 		}
 		return nil
 	}
@@ -403,14 +440,14 @@ func TestOverloadedIsNotRetriedInProcess(t *testing.T) {
 	if s.Settled[consumer.OutcomeOverloaded] != 1 || s.Settled[consumer.OutcomeRetried] != 0 {
 		t.Fatalf("overloaded %d retried %d", s.Settled[consumer.OutcomeOverloaded], s.Settled[consumer.OutcomeRetried])
 	}
-	if !consumer.IsOverloaded(consumer.Overloaded(nil)) || consumer.IsOverloaded(errors.New("x")) {
+	if !backpressure.IsOverloaded(backpressure.Overloaded(nil)) || backpressure.IsOverloaded(errors.New("x")) {
 		t.Fatal("IsOverloaded")
 	}
 }
 
 func TestOversizeAdmittedAloneOrDeadLettered(t *testing.T) {
 	for _, policy := range []consumer.OversizeAction{consumer.OversizeAdmitAlone, consumer.OversizeDeadLetter} {
-		src := memsource.New()
+		src := sluicetest.NewSource()
 		var ranBig atomic.Bool
 		h := func(ctx context.Context, m *consumer.Message) error {
 			if string(m.Key) == "big" {
@@ -419,10 +456,10 @@ func TestOversizeAdmittedAloneOrDeadLettered(t *testing.T) {
 			return nil
 		}
 		r := route("r", src, h)
-		r.MaxInFlightBytes = 1000
-		r.OnOversize = policy
+		r.Window.Bytes = 1000
+		r.DeadLetter.OnOversize = policy
 		var letters atomic.Int32
-		r.DeadLetter = dlq.SinkFunc(func(context.Context, *dlq.Letter) error { letters.Add(1); return nil })
+		r.DeadLetter.Sink = dlq.SinkFunc(func(context.Context, *dlq.Letter) error { letters.Add(1); return nil })
 		c, _ := consumer.New(consumer.Options{}, r)
 		src.Publish("a", make([]byte, 100), nil, time.Time{})
 		src.PublishSized("big", make([]byte, 10), nil, time.Time{}, 5000)
@@ -442,7 +479,7 @@ func TestOversizeAdmittedAloneOrDeadLettered(t *testing.T) {
 // Route "report" with a handler that blocks forever does not delay
 // "critical": separate windows and workers.
 func TestIsolationBetweenRoutes(t *testing.T) {
-	critSrc, repSrc := memsource.New(), memsource.New()
+	critSrc, repSrc := sluicetest.NewSource(), sluicetest.NewSource()
 	stuck := make(chan struct{})
 	defer close(stuck)
 	report := route("report", repSrc, func(ctx context.Context, m *consumer.Message) error {
@@ -453,13 +490,13 @@ func TestIsolationBetweenRoutes(t *testing.T) {
 		return nil
 	})
 	crit := route("critical", critSrc, func(ctx context.Context, m *consumer.Message) error { return nil })
-	crit.Criticality = backpressure.Critical
+	crit.Overload.Criticality = backpressure.Critical
 	c, _ := consumer.New(consumer.Options{ShutdownGrace: 10 * time.Millisecond}, crit, report)
 	for i := range 50 {
 		repSrc.Publish(strconv.Itoa(i), nil, nil, time.Time{})
 	}
 	stop := start(t, c)
-	eventually(t, "report window full", func() bool { return c.Stats()[1].InFlight == 3 })
+	eventually(t, "report window full", func() bool { return c.Stats()[1].Held == 3 })
 	begin := time.Now()
 	for i := range 500 {
 		critSrc.Publish(strconv.Itoa(i), nil, nil, time.Time{})
@@ -477,7 +514,7 @@ func TestLedgerProperty(t *testing.T) {
 	for seed := range uint64(5) {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, 42))
-			src := memsource.New()
+			src := sluicetest.NewSource()
 			const n = 2000
 			for i := range n {
 				src.Publish(strconv.Itoa(i), make([]byte, rng.IntN(200)), nil, time.Time{})
@@ -495,19 +532,19 @@ func TestLedgerProperty(t *testing.T) {
 				case x < 18:
 					return consumer.Permanent(errors.New("poison"))
 				case x < 20:
-					return consumer.Overloaded(nil)
+					return backpressure.Overloaded(nil)
 				}
 				return nil
 			}
 			r := route("r", src, h)
-			r.Workers, r.MaxInFlight, r.MaxInFlightBytes = 4, 16, 2000
-			r.DeadLetter = dlq.SinkFunc(func(context.Context, *dlq.Letter) error { return nil })
+			r.Workers, r.Window.Messages, r.Window.Bytes = 4, 16, 2000
+			r.DeadLetter.Sink = dlq.SinkFunc(func(context.Context, *dlq.Letter) error { return nil })
 			r.Retry.MaxAttempts = 1000 // overloaded/retried come back until they succeed or die
 			c, _ := consumer.New(consumer.Options{}, r)
 			stop := start(t, c)
 			eventually(t, "drained", func() bool {
 				s := c.Stats()[0]
-				return src.Queued() == 0 && s.InFlight == 0 && s.Settled[consumer.OutcomeSucceeded]+s.Settled[consumer.OutcomeDeadLettered] == n
+				return src.Queued() == 0 && s.Held == 0 && s.Settled[consumer.OutcomeSucceeded]+s.Settled[consumer.OutcomeDeadLettered] == n
 			})
 			if err := stop(); err != nil {
 				t.Fatal(err)
@@ -516,8 +553,8 @@ func TestLedgerProperty(t *testing.T) {
 			if s.Fetched != settledTotal(s) {
 				t.Fatalf("fetched %d != settled %d", s.Fetched, settledTotal(s))
 			}
-			if n, b := c.Window("r").InUse(); n != 0 || b != 0 {
-				t.Fatalf("window not empty: %d/%d", n, b)
+			if w := s.Window; w.InUse != 0 || w.InUseBytes != 0 {
+				t.Fatalf("window not empty: %d/%d", w.InUse, w.InUseBytes)
 			}
 			checkLedger(t, src, n)
 		})
@@ -526,7 +563,7 @@ func TestLedgerProperty(t *testing.T) {
 
 // checkLedger: every id settled exactly once finally (ack or term), no
 // protocol violations, nothing pending.
-func checkLedger(t *testing.T, src *memsource.Source, n int) {
+func checkLedger(t *testing.T, src *sluicetest.Source, n int) {
 	t.Helper()
 	ledger, violations := src.Ledger()
 	if len(violations) > 0 {

@@ -3,61 +3,104 @@
 //
 // A Consumer runs one or more Routes. Each Route has its own Source (a
 // subscription an adapter provides: see adapters/nats and adapters/kafka),
-// a Window bounding the messages and bytes it holds, a fixed pool of
-// Workers, and its own retry, expiry, criticality and dead-letter policies.
-// One route cannot take another's workers or window.
+// a window bounding the messages and bytes it holds, a fixed pool of
+// Workers, and its own retry, expiry, dead-letter and overload policies.
+// One route cannot take another's workers or window. The minimal route is
+//
+//	consumer.Route{Name: "orders", Source: src, Handler: handle}
+//
+// and every other field has a documented default (see Route).
 //
 // The pull is blocking: a route's fetch loop waits until its window has room,
 // asks the Source for at most what is free, and charges what arrives. So a
 // slow handler shows up as broker lag, not as process memory. Capacity comes
-// back exactly once per message, when it is settled.
+// back exactly once per message, when its settlement is done.
 //
-// Every fetched message ends in exactly one Outcome:
+// # The settlement contract
 //
-//   - Succeeded: the handler returned nil; acked.
-//   - Expired: its deadline passed, at fetch or right before the handler (or
-//     while the handler ran out of time); settled by Route.OnExpired and
-//     never (re)run.
-//   - Retried: a retryable error with attempts left; nak'd with jittered
-//     exponential backoff, so the broker redelivers it.
-//   - Overloaded: the handler said "overloaded, do not retry"
-//     (Overloaded(err)); nak'd with backoff but not retried in process.
-//   - DeadLettered: Permanent(err), out of attempts, or oversize by policy;
-//     written to Route.DeadLetter, and terminated only after the write was
-//     confirmed. DLQFailed: that write failed, so it was nak'd instead.
-//   - Terminated: as DeadLettered, for a route without a dead-letter sink.
-//   - Shed: dropped by an overload policy before it ran (queue over
-//     Route.ShedQueueLength, or too close to its deadline); nak'd with
-//     Route.ShedDelay by default so the broker keeps it, or acked as a
-//     counted drop (ShedAck). RouteStats.Shed splits it by reason and class.
-//   - Returned: nak'd on shutdown before it could run or finish.
+// Every message a Source hands over is counted in RouteStats.Fetched and
+// held by the route (kept alive with InProgress when the Source reports an
+// AckWait, whatever it waits for) until it ends in exactly one Outcome. The
+// table says what the broker is told and when:
 //
-// RouteStats keeps the ledger: Fetched equals the sum of outcomes plus what
-// is in flight. A handler panic is recovered and treated as a retryable
-// error. The handler's ctx carries the message deadline; no context,
+//	Outcome        when                                          broker sees
+//	Succeeded      the handler returned nil                      Ack
+//	Expired        deadline passed (or would, before it ends)    DeadLetter.OnExpired: Ack (default), Term,
+//	                 at fetch, in the queue, before or during      or a dead letter then Term
+//	                 the handler; it is never (re)run
+//	Retried        retryable error, attempts left                Nak(backoff)
+//	Overloaded     backpressure.Overloaded(err), attempts left   Nak(backoff); no retry in process
+//	DeadLettered   Permanent(err), out of attempts (retryable    the sink's write first, then Term
+//	                 or overloaded), oversize by policy, or a
+//	                 shed/overloaded last delivery
+//	DLQFailed      that write failed                             Nak(backoff); the redelivery is written
+//	                                                               again, the handler is not run again
+//	Terminated     as DeadLettered, on a route without a sink    Term(reason)
+//	Shed           an overload policy dropped it before it ran   Overload.OnShed: Nak(ShedDelay) (default)
+//	                                                               or Ack
+//	Returned       shutdown before it ran                        Nak(0)
+//	Abandoned      left on purpose for the broker to redeliver   nothing
+//	                 after its ack deadline (below)
+//
+// The broker's last delivery (SourceInfo.MaxDeliver, JetStream MaxDeliver):
+// a Nak there would lose the message, so the route never naks it. New
+// refuses Retry.MaxAttempts above MaxDeliver, so a failing last delivery is
+// out of attempts and dead-lettered; a shed or overloaded one is
+// dead-lettered as well (class "shed", "overloaded"). When the dead-letter
+// write fails on a last delivery, the message is kept (and kept alive) and
+// the write retried in process with backoff until it succeeds or the
+// shutdown deadline passes; then it is abandoned. A message on its last
+// delivery that is still queued at shutdown is abandoned too, not returned.
+// JetStream does not deliver a message again once it was delivered
+// MaxDeliver times, so an abandoned last delivery is lost to the consumer
+// (it stays in the stream): leave MaxDeliver unlimited (-1, the default)
+// and let Retry.MaxAttempts cap attempts, which dead-letters instead.
+//
+// Shutdown (Run's ctx ends): the pull stops; messages not started are
+// returned; running handlers get Options.ShutdownGrace, then their ctx is
+// cancelled; a handler still running ShutdownSlack later is abandoned (its
+// message is not settled: settling it would let another consumer run it
+// while it still runs here) and Run returns ErrStuckHandlers. Settlements
+// and dead-letter writes get a ctx that ends at ShutdownGrace +
+// ShutdownSlack; a settlement the broker has not confirmed by then is
+// abandoned (RouteStats.Errors.Settle counts it). So Run returns within
+// ShutdownGrace + ShutdownSlack, whatever a handler, sink or broker does.
+//
+// A settlement the broker refused or never confirmed is counted in
+// RouteStats.Errors.Settle; the message keeps the outcome decided for it,
+// and the broker redelivers it (at-least-once: a duplicate, never a loss).
+// Adapters may confirm settlements asynchronously (Acker.Settle returns
+// ErrPending, then Confirm): the message keeps its window capacity until
+// the broker's answer arrives, and no worker waits for it.
+//
+// RouteStats keeps the ledger: Fetched equals the sum of Settled plus Held,
+// and counters never go backwards. A handler panic is recovered and
+// treated as a retryable error (class "panic" once out of attempts). The
+// handler's ctx carries the message deadline and criticality; no context,
 // timer or goroutine is created per message for routes without a deadline.
 //
 // # Overload control
 //
-// Every Route option below is off at its zero value and then costs nothing
-// on the message path (BenchmarkCorePath):
+// Every OverloadPolicy option is off at its zero value and then costs
+// nothing on the message path (BenchmarkCorePath):
 //
 //   - Criticality: the handler ctx carries the message's class
 //     (backpressure.CriticalityFrom); PropagateCriticality copies it to
-//     outgoing headers. Route.Slots shares a downstream among routes by
-//     class; Options.Budget shares memory.
-//   - Route.RetryBudget: retries only while they stay within 10% of first
+//     outgoing headers. Slots shares a downstream among routes by class;
+//     Options.Budget shares memory.
+//   - RetryBudget: retries only while they stay within 10% of first
 //     attempts; refused ones are dead-lettered as ClassRetryBudget.
-//     Route.OnOverloaded: OverloadedDeadLetter keeps "do not retry" from
-//     being retried by broker redelivery either. backpressure.Retrier does
-//     the same for a handler's own downstream calls.
-//   - Route.Throttle: client-side adaptive throttling of the pull, so the
+//     DeadLetter.OnOverloaded: OverloadedDeadLetter keeps "do not retry"
+//     from being retried by broker redelivery either. backpressure.Retrier
+//     does the same for a handler's own downstream calls.
+//   - Throttle: client-side adaptive throttling of the pull, so the
 //     backlog waits in the broker while the downstream refuses work.
-//   - Route.AdaptiveLimit: AIMD on the window's message limit.
-//   - Route.QueueOrder, ShedQueueLength, Drop, ShedNearDeadline, OnShed:
+//   - AdaptiveLimit: AIMD on the window's message limit.
+//   - Queue (Order, MaxLength, DropWhenFull), ShedNearDeadline, OnShed:
 //     which fetched messages run first and which are shed (tail, head,
 //     LIFO with oldest-drop, random, lowest criticality).
 //
-// Run owns every goroutine and stops within ShutdownGrace (plus a second for
-// handlers that honour ctx cancellation).
+// Errors a route cannot return (fetch, settlement, dead-letter write) are
+// counted, kept as RouteStats.Errors.Last, and logged through
+// Options.Logger at a bounded rate.
 package consumer

@@ -2,35 +2,39 @@ package consumer
 
 import (
 	"errors"
-	"fmt"
 
 	"github.com/sluice-go/sluice/backpressure"
 )
 
+// Errors. Each is a sentinel to test with errors.Is; the consumer wraps
+// them with the route and the detail.
 var (
-	// ErrInvalidOption wraps every configuration error from New. It is the
-	// same value as backpressure.ErrInvalidOption.
+	// ErrInvalidOption wraps every configuration error from New (and from
+	// the adapters' constructors). It is the same value as
+	// backpressure.ErrInvalidOption.
 	ErrInvalidOption = backpressure.ErrInvalidOption
 	// ErrClosed is returned by a Source that will never return messages
-	// again. The consumer stops that route and Run returns the error.
+	// again. Its route stops (the other routes go on) and Run returns the
+	// error when it returns.
 	ErrClosed = errors.New("sluice: source closed")
 	// ErrExpired is the reason given when a message is settled because its
-	// deadline passed.
+	// deadline passed (or would pass before it could finish).
 	ErrExpired = errors.New("sluice: message deadline passed")
-	// ErrOversize is the reason given when a message larger than its route's
-	// byte window is dead-lettered by policy.
-	ErrOversize = errors.New("sluice: message larger than the route's byte window")
+	// ErrOversize is the reason given when a message larger than its
+	// route's byte window, or than the Budget can ever give the route, is
+	// dead-lettered (or terminated) instead of run.
+	ErrOversize = errors.New("sluice: message larger than the route can hold")
 	// ErrPanic wraps a recovered handler panic.
 	ErrPanic = errors.New("sluice: handler panicked")
-	// ErrOverloaded marks an error as "overloaded, do not retry". It is the
-	// same value as backpressure.ErrOverloaded, so backpressure.Retrier and
-	// backpressure.Throttle errors are recognised by the consumer.
-	ErrOverloaded = backpressure.ErrOverloaded
 	// ErrRunning is returned by a second call to Run.
 	ErrRunning = errors.New("sluice: consumer already running")
 	// ErrStuckHandlers is returned by Run when handlers ignored cancellation
-	// past the shutdown grace period. Their messages were returned (nak'd).
+	// past the shutdown grace period. Their messages were left unsettled
+	// (OutcomeAbandoned): the broker redelivers them.
 	ErrStuckHandlers = errors.New("sluice: handlers still running after shutdown grace")
+	// ErrUnconfirmed is recorded (RouteStats.LastError, the Logger) for a
+	// settlement whose confirmation did not arrive before Run returned.
+	ErrUnconfirmed = errors.New("sluice: settlement not confirmed before shutdown")
 )
 
 type permanentError struct{ err error }
@@ -52,17 +56,3 @@ func IsPermanent(err error) bool {
 	var p *permanentError
 	return errors.As(err, &p)
 }
-
-// Overloaded marks err as "overloaded, do not retry": the consumer does not
-// retry it in process but hands the message back to the broker with a delay,
-// and a caller one layer up should not retry either. Overloaded(nil) is
-// ErrOverloaded.
-func Overloaded(err error) error {
-	if err == nil {
-		return ErrOverloaded
-	}
-	return fmt.Errorf("%w: %w", ErrOverloaded, err)
-}
-
-// IsOverloaded reports whether err is marked "overloaded, do not retry".
-func IsOverloaded(err error) bool { return errors.Is(err, ErrOverloaded) }

@@ -11,7 +11,7 @@ import (
 	"github.com/sluice-go/sluice/backpressure"
 	"github.com/sluice-go/sluice/consumer"
 	"github.com/sluice-go/sluice/dlq"
-	"github.com/sluice-go/sluice/internal/memsource"
+	"github.com/sluice-go/sluice/sluicetest"
 )
 
 // An AdaptiveLimit whose Max is above the route's MaxInFlight is capped to
@@ -24,27 +24,27 @@ func TestAdaptiveLimitCappedToWindow(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	src := memsource.New()
+	src := sluicetest.NewSource()
 	r := route("capped", src, func(ctx context.Context, m *consumer.Message) error {
-		return consumer.Overloaded(errors.New("downstream full"))
+		return backpressure.Overloaded(errors.New("downstream full"))
 	})
-	r.Workers, r.MaxInFlight, r.MinFetch = 1, 8, 1
-	r.AdaptiveLimit = al
+	r.Workers, r.Window.Messages, r.Window.MinFetch = 1, 8, 1
+	r.Overload.AdaptiveLimit = al
 	c, err := consumer.New(consumer.Options{}, r)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, hi := al.Bounds(); hi != 8 || al.Limit() != 8 || c.Stats()[0].WindowLimit != 8 {
-		t.Fatalf("bounds hi %d, limit %d, window %d: want all 8", hi, al.Limit(), c.Stats()[0].WindowLimit)
+	if _, hi := al.Bounds(); hi != 8 || al.Limit() != 8 || c.Stats()[0].Window.Limit != 8 {
+		t.Fatalf("bounds hi %d, limit %d, window %d: want all 8", hi, al.Limit(), c.Stats()[0].Window.Limit)
 	}
 	stop := start(t, c)
 	src.Publish("m0", []byte("x"), nil, time.Time{})
 	src.Publish("m1", []byte("x"), nil, time.Time{})
-	eventually(t, "window shrinks", func() bool { return c.Stats()[0].WindowLimit < 8 })
+	eventually(t, "window shrinks", func() bool { return c.Stats()[0].Window.Limit < 8 })
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
-	if got, want := c.Stats()[0].WindowLimit, al.Limit(); got != want {
+	if got, want := c.Stats()[0].Window.Limit, al.Limit(); got != want {
 		t.Fatalf("window limit %d, adaptive limit %d", got, want)
 	}
 }
@@ -59,17 +59,18 @@ func TestAdaptiveLimitWindowAgreesWhenIdle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	src := memsource.New()
+	src := sluicetest.NewSource()
 	var n atomic.Int64
 	r := route("agree", src, func(ctx context.Context, m *consumer.Message) error {
 		if n.Add(1)%3 == 0 {
-			return consumer.Overloaded(nil) // shrink
+			return backpressure.Overloaded(nil) // shrink
 		}
 		return nil // grow
 	})
-	r.Workers, r.MaxInFlight, r.MinFetch = 8, 64, 1
-	r.OnOverloaded = consumer.OverloadedNak
-	r.AdaptiveLimit = al
+	r.Workers, r.Window.Messages, r.Window.MinFetch = 8, 64, 1
+	r.DeadLetter.OnOverloaded = consumer.OverloadedNak
+	r.Retry.MaxAttempts = 1000 // "overloaded" counts as an attempt; this test only hands back
+	r.Overload.AdaptiveLimit = al
 	c, err := consumer.New(consumer.Options{}, r)
 	if err != nil {
 		t.Fatal(err)
@@ -97,18 +98,18 @@ func TestAdaptiveLimitWindowAgreesWhenIdle(t *testing.T) {
 			}
 			time.Sleep(100 * time.Microsecond)
 		}
-		if got, want := c.Window("agree").Limit(), al.Limit(); got != want {
+		if got, want := c.Stats()[0].Window.Limit, al.Limit(); got != want {
 			t.Fatalf("round %d: idle window limit %d, adaptive limit %d", round, got, want)
 		}
 	}
 }
 
 // A handler that ignores cancellation is given up on at shutdown: its
-// message is returned (nak'd). When the handler finally returns a
-// permanent error, the message must not also be written to the DLQ and
-// terminated: it already ended in "returned".
+// message is abandoned (left to the broker). When the handler finally
+// returns a permanent error, the message must not also be written to the
+// DLQ and terminated: it already ended in "abandoned".
 func TestStuckHandlerNotDeadLetteredAfterReturn(t *testing.T) {
-	src := memsource.New()
+	src := sluicetest.NewSource()
 	var box letterBox
 	release := make(chan struct{})
 	finished := make(chan struct{})
@@ -118,34 +119,39 @@ func TestStuckHandlerNotDeadLetteredAfterReturn(t *testing.T) {
 		return consumer.Permanent(errors.New("poison"))
 	})
 	r.Workers = 1
-	r.DeadLetter = box.sink()
-	c, err := consumer.New(consumer.Options{ShutdownGrace: time.Millisecond}, r)
+	r.DeadLetter.Sink = box.sink()
+	runs := &runObserver{done: make(chan consumer.Outcome, 1)}
+	c, err := consumer.New(consumer.Options{ShutdownGrace: time.Millisecond, Observer: runs}, r)
 	if err != nil {
 		t.Fatal(err)
 	}
 	stop := start(t, c)
 	src.Publish("m0", []byte("x"), nil, time.Time{})
 	eventually(t, "running", func() bool { return c.Stats()[0].Fetched == 1 && src.Queued() == 0 })
-	time.Sleep(5 * time.Millisecond)
 	if err := stop(); !errors.Is(err, consumer.ErrStuckHandlers) {
 		t.Fatalf("Run: %v", err)
 	}
+	s := c.Stats()[0]
+	if s.Settled[consumer.OutcomeAbandoned] != 1 || settledTotal(s) != 1 || s.Held != 0 {
+		t.Fatalf("settled %v in flight %d", s.Settled, s.Held)
+	}
 	close(release)
 	<-finished
-	time.Sleep(10 * time.Millisecond) // let finish run
+	// The Observer hears of the run once finish has dealt with its result,
+	// which must lose the claim to the shutdown.
+	<-runs.done
 	if n := box.count(dlq.ClassPermanent); n != 0 {
-		t.Fatalf("%d dead letters for a message already returned", n)
+		t.Fatalf("%d dead letters for a message already abandoned", n)
 	}
-	s := c.Stats()[0]
-	if s.Settled[consumer.OutcomeReturned] != 1 || settledTotal(s) != 1 || s.InFlight != 0 {
-		t.Fatalf("settled %v in flight %d", s.Settled, s.InFlight)
+	if after := c.Stats()[0]; after.Settled != s.Settled {
+		t.Fatalf("late result counted: %v then %v", s.Settled, after.Settled)
 	}
 	ledger, errs := src.Ledger()
 	if len(errs) > 0 {
 		t.Fatal(errs)
 	}
-	if rec := ledger["m0"]; rec.Naks != 1 || rec.Terms != 0 || rec.Acks != 0 {
-		t.Fatalf("m0 %+v", rec)
+	if rec := ledger["m0"]; rec.Naks != 0 || rec.Terms != 0 || rec.Acks != 0 || !rec.Pending {
+		t.Fatalf("m0 %+v: want left pending for the broker", rec)
 	}
 }
 
@@ -158,7 +164,7 @@ func TestSlotFreedAfterShutdownDoesNotStartWork(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srcA, srcB := memsource.New(), memsource.New()
+	srcA, srcB := sluicetest.NewSource(), sluicetest.NewSource()
 	release := make(chan struct{})
 	var ranB atomic.Int64
 	ra := route("a", srcA, func(ctx context.Context, m *consumer.Message) error {
@@ -170,8 +176,8 @@ func TestSlotFreedAfterShutdownDoesNotStartWork(t *testing.T) {
 		return nil
 	})
 	ra.Workers, rb.Workers = 1, 1
-	ra.Criticality, rb.Criticality = backpressure.Critical, backpressure.Critical
-	ra.Slots, rb.Slots = slots, slots
+	ra.Overload.Criticality, rb.Overload.Criticality = backpressure.Critical, backpressure.Critical
+	ra.Overload.Slots, rb.Overload.Slots = slots, slots
 	c, err := consumer.New(consumer.Options{ShutdownGrace: 5 * time.Second}, ra, rb)
 	if err != nil {
 		t.Fatal(err)
@@ -192,8 +198,8 @@ func TestSlotFreedAfterShutdownDoesNotStartWork(t *testing.T) {
 		t.Fatalf("b's handler ran %d times after shutdown began", n)
 	}
 	sb := c.Stats()[1]
-	if sb.Settled[consumer.OutcomeReturned] != 1 || sb.InFlight != 0 || slots.InUse() != 0 {
-		t.Fatalf("b settled %v in flight %d, slots in use %d", sb.Settled, sb.InFlight, slots.InUse())
+	if sb.Settled[consumer.OutcomeReturned] != 1 || sb.Held != 0 || slots.InUse() != 0 {
+		t.Fatalf("b settled %v in flight %d, slots in use %d", sb.Settled, sb.Held, slots.InUse())
 	}
 }
 
@@ -204,7 +210,7 @@ func TestSlotFreedAfterShutdownDoesNotStartWork(t *testing.T) {
 func TestShutdownReturnsLocalQueue(t *testing.T) {
 	for _, drop := range []consumer.DropPolicy{consumer.DropNewest, consumer.DropOldest, consumer.DropRandom, consumer.DropLowestCriticality} {
 		t.Run(fmt.Sprint(drop), func(t *testing.T) {
-			src := memsource.New()
+			src := sluicetest.NewSource()
 			release := make(chan struct{})
 			var ran atomic.Int64
 			r := route("lq", src, func(ctx context.Context, m *consumer.Message) error {
@@ -215,9 +221,9 @@ func TestShutdownReturnsLocalQueue(t *testing.T) {
 				ran.Add(1)
 				return nil
 			})
-			r.Workers, r.MaxInFlight, r.MinFetch = 1, 32, 1
-			r.QueueOrder, r.Drop, r.ShedQueueLength = consumer.QueueLIFO, drop, 10
-			r.OnShed = consumer.ShedAck
+			r.Workers, r.Window.Messages, r.Window.MinFetch = 1, 32, 1
+			r.Overload.Queue.Order, r.Overload.Queue.DropWhenFull, r.Overload.Queue.MaxLength = consumer.QueueLIFO, drop, 10
+			r.Overload.OnShed = consumer.ShedAck
 			c, err := consumer.New(consumer.Options{ShutdownGrace: 5 * time.Second}, r)
 			if err != nil {
 				t.Fatal(err)
@@ -242,8 +248,8 @@ func TestShutdownReturnsLocalQueue(t *testing.T) {
 				t.Fatalf("%d queued messages ran after shutdown began", ran.Load())
 			}
 			if s.Settled[consumer.OutcomeSucceeded] != 1 || s.Settled[consumer.OutcomeShed] != 10 ||
-				s.Settled[consumer.OutcomeReturned] != 10 || settledTotal(s) != 21 || s.InFlight != 0 || s.InFlightBytes != 0 {
-				t.Fatalf("settled %v in flight %d/%d", s.Settled, s.InFlight, s.InFlightBytes)
+				s.Settled[consumer.OutcomeReturned] != 10 || settledTotal(s) != 21 || s.Held != 0 || s.Window.InUseBytes != 0 {
+				t.Fatalf("settled %v in flight %d/%d", s.Settled, s.Held, s.Window.InUseBytes)
 			}
 			ledger, errs := src.Ledger()
 			if len(errs) > 0 {
@@ -263,12 +269,12 @@ func TestShutdownReturnsLocalQueue(t *testing.T) {
 func TestSharedAdaptiveLimitRefused(t *testing.T) {
 	al, _ := backpressure.NewAdaptiveLimit(backpressure.AdaptiveLimitOptions{Max: 8})
 	noop := func(context.Context, *consumer.Message) error { return nil }
-	a, b := route("a", memsource.New(), noop), route("b", memsource.New(), noop)
-	a.AdaptiveLimit, b.AdaptiveLimit = al, al
+	a, b := route("a", sluicetest.NewSource(), noop), route("b", sluicetest.NewSource(), noop)
+	a.Overload.AdaptiveLimit, b.Overload.AdaptiveLimit = al, al
 	if _, err := consumer.New(consumer.Options{}, a, b); !errors.Is(err, consumer.ErrInvalidOption) {
 		t.Fatalf("shared AdaptiveLimit: %v", err)
 	}
-	b.AdaptiveLimit, _ = backpressure.NewAdaptiveLimit(backpressure.AdaptiveLimitOptions{Max: 8})
+	b.Overload.AdaptiveLimit, _ = backpressure.NewAdaptiveLimit(backpressure.AdaptiveLimitOptions{Max: 8})
 	if _, err := consumer.New(consumer.Options{}, a, b); err != nil {
 		t.Fatal(err)
 	}

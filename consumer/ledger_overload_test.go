@@ -14,7 +14,7 @@ import (
 	"github.com/sluice-go/sluice/consumer"
 	"github.com/sluice-go/sluice/dlq"
 	"github.com/sluice-go/sluice/expiry"
-	"github.com/sluice-go/sluice/internal/memsource"
+	"github.com/sluice-go/sluice/sluicetest"
 )
 
 // The ledger under the overload policies, stopped mid-run so shutdown meets
@@ -44,7 +44,7 @@ func TestOverloadLedgerProperty(t *testing.T) {
 
 			slots, _ := backpressure.NewSlots(1 + intn(4))
 			budget, _ := backpressure.NewRetryBudget(backpressure.RetryBudgetOptions{})
-			srcs := []*memsource.Source{memsource.New(), memsource.New()}
+			srcs := []*sluicetest.Source{sluicetest.NewSource(), sluicetest.NewSource()}
 			const n = 400
 			now := time.Now()
 			for ri, src := range srcs {
@@ -70,7 +70,7 @@ func TestOverloadLedgerProperty(t *testing.T) {
 				case x < 16:
 					return consumer.Permanent(errors.New("poison"))
 				case x < 22:
-					return consumer.Overloaded(nil)
+					return backpressure.Overloaded(nil)
 				case x < 30:
 					d := time.Duration(intn(3000)) * time.Microsecond
 					if stuck {
@@ -87,40 +87,40 @@ func TestOverloadLedgerProperty(t *testing.T) {
 			var routes []consumer.Route
 			for ri, src := range srcs {
 				r := route("r"+strconv.Itoa(ri), src, h)
-				r.Workers, r.MaxInFlight, r.MaxInFlightBytes, r.MinFetch = 1+intn(4), 8+intn(24), 1500, 1+intn(4)
-				r.Criticality = backpressure.Criticality(intn(4))
+				r.Workers, r.Window.Messages, r.Window.Bytes, r.Window.MinFetch = 1+intn(4), 8+intn(24), 1500, 1+intn(4)
+				r.Overload.Criticality = backpressure.Criticality(intn(4))
 				r.Retry.MaxAttempts = 1 + intn(5)
 				if intn(2) == 0 {
-					r.DeadLetter = dlq.SinkFunc(func(context.Context, *dlq.Letter) error {
+					r.DeadLetter.Sink = dlq.SinkFunc(func(context.Context, *dlq.Letter) error {
 						if intn(10) == 0 {
 							return errors.New("dlq down")
 						}
 						return nil
 					})
 				}
-				r.QueueOrder = consumer.QueueOrder(intn(2))
-				r.Drop = consumer.DropPolicy(intn(4))
-				r.ShedQueueLength = intn(6)
-				r.OnShed = consumer.ShedAction(intn(2))
-				r.OnOverloaded = consumer.OverloadedAction(intn(2))
-				r.OnExpired = consumer.ExpiredAction(intn(3))
+				r.Overload.Queue.Order = consumer.QueueOrder(intn(2))
+				r.Overload.Queue.DropWhenFull = consumer.DropPolicy(intn(4))
+				r.Overload.Queue.MaxLength = intn(6)
+				r.Overload.OnShed = consumer.ShedAction(intn(2))
+				r.DeadLetter.OnOverloaded = consumer.OverloadedAction(intn(2))
+				r.DeadLetter.OnExpired = consumer.ExpiredAction(intn(3))
 				r.Expiry = expiry.Policy{MaxAge: 300 * time.Millisecond}
 				if intn(2) == 0 {
-					r.ShedNearDeadline = time.Duration(intn(100)) * time.Millisecond
+					r.Overload.ShedNearDeadline = time.Duration(intn(100)) * time.Millisecond
 				}
 				if intn(2) == 0 {
-					r.Slots = slots
+					r.Overload.Slots = slots
 				}
 				if intn(2) == 0 {
-					r.RetryBudget = budget
+					r.Overload.RetryBudget = budget
 				}
 				if intn(2) == 0 {
-					r.AdaptiveLimit, _ = backpressure.NewAdaptiveLimit(backpressure.AdaptiveLimitOptions{
-						Max: r.MaxInFlight, Interval: time.Millisecond, MinSamples: 2, Target: time.Millisecond})
+					r.Overload.AdaptiveLimit, _ = backpressure.NewAdaptiveLimit(backpressure.AdaptiveLimitOptions{
+						Max: r.Window.Messages, Interval: time.Millisecond, MinSamples: 2, Target: time.Millisecond})
 				}
 				if intn(2) == 0 {
-					r.Throttle, _ = backpressure.NewThrottle(backpressure.ThrottleOptions{Window: 100 * time.Millisecond, Buckets: 10})
-					r.ThrottleWait = time.Millisecond
+					r.Overload.Throttle, _ = backpressure.NewThrottle(backpressure.ThrottleOptions{Window: 100 * time.Millisecond, Buckets: 10})
+					r.Overload.ThrottleWait = time.Millisecond
 				}
 				routes = append(routes, r)
 			}
@@ -141,8 +141,8 @@ func TestOverloadLedgerProperty(t *testing.T) {
 			}
 			for ri, src := range srcs {
 				s := c.Stats()[ri]
-				if s.InFlight != 0 || s.InFlightBytes != 0 || s.Fetched != settledTotal(s) {
-					t.Fatalf("route %d: in flight %d/%d, fetched %d, settled %v", ri, s.InFlight, s.InFlightBytes, s.Fetched, s.Settled)
+				if s.Held != 0 || s.Window.InUseBytes != 0 || s.Fetched != settledTotal(s) {
+					t.Fatalf("route %d: in flight %d/%d, fetched %d, settled %v", ri, s.Held, s.Window.InUseBytes, s.Fetched, s.Settled)
 				}
 				ledger, violations := src.Ledger()
 				if len(violations) > 0 {

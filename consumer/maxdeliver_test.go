@@ -7,14 +7,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-go/sluice/backpressure"
 	"github.com/sluice-go/sluice/consumer"
 	"github.com/sluice-go/sluice/dlq"
-	"github.com/sluice-go/sluice/internal/memsource"
+	"github.com/sluice-go/sluice/sluicetest"
 )
 
 func TestRetryAttemptsAboveBrokerMaxDeliverRefused(t *testing.T) {
-	src := memsource.New()
-	src.DeliveryLimit = 2
+	src := sluicetest.NewSource()
+	src.MaxDeliver = 2
 	r := route("r", src, func(context.Context, *consumer.Message) error { return nil })
 	r.Retry.MaxAttempts = 3
 	if _, err := consumer.New(consumer.Options{}, r); !errors.Is(err, consumer.ErrInvalidOption) {
@@ -30,16 +31,16 @@ func TestRetryAttemptsAboveBrokerMaxDeliverRefused(t *testing.T) {
 // broker's last delivery, where a Nak would drop it: then it is
 // dead-lettered.
 func TestOverloadedOnLastDeliveryIsDeadLettered(t *testing.T) {
-	src := memsource.New()
-	src.DeliveryLimit = 3
+	src := sluicetest.NewSource()
+	src.MaxDeliver = 3
 	src.Publish("m", []byte("v"), nil, time.Now())
 	var letters atomic.Int64
 	var class atomic.Value
 	r := route("r", src, func(context.Context, *consumer.Message) error {
-		return consumer.Overloaded(errors.New("downstream full"))
+		return backpressure.Overloaded(errors.New("downstream full"))
 	})
 	r.Retry.MaxAttempts = 3
-	r.DeadLetter = dlq.SinkFunc(func(_ context.Context, l *dlq.Letter) error {
+	r.DeadLetter.Sink = dlq.SinkFunc(func(_ context.Context, l *dlq.Letter) error {
 		class.Store(l.Class)
 		letters.Add(1)
 		return nil

@@ -2,11 +2,13 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 	"time"
 
 	"github.com/sluice-go/sluice/backpressure"
 	"github.com/sluice-go/sluice/dlq"
+	"github.com/sluice-go/sluice/internal/adapterkit"
 )
 
 // Headers are a message's headers. The type matches nats.Header, so a NATS
@@ -33,24 +35,67 @@ func (h Headers) Lookup(key string) (string, bool) {
 // Set replaces key's values with value.
 func (h Headers) Set(key, value string) { h[key] = []string{value} }
 
-// Acker settles one delivery on its broker. Each method returns once the
-// adapter has done what it can to settle; the consumer calls exactly one of
-// Ack, Nak or Term per delivery, and InProgress any number of times before.
+// SettleOp is what a settlement tells the broker.
+type SettleOp int8
+
+const (
+	// SettleAck: the delivery is done; never redeliver it.
+	SettleAck SettleOp = iota + 1
+	// SettleNak: redeliver it after at least Settlement.Delay.
+	SettleNak
+	// SettleTerm: never redeliver it; Settlement.Reason says why.
+	SettleTerm
+)
+
+var settleOpNames = [...]string{"", "ack", "nak", "term"}
+
+// String returns "ack", "nak" or "term".
+func (o SettleOp) String() string {
+	if o < SettleAck || o > SettleTerm {
+		return "none"
+	}
+	return settleOpNames[o]
+}
+
+// Settlement is one settlement of a delivery on its broker.
+type Settlement struct {
+	Op SettleOp
+	// Delay is the least time before a SettleNak'd delivery comes back.
+	Delay time.Duration
+	// Reason says why a delivery was terminated (SettleTerm), for the
+	// broker's advisories.
+	Reason string
+}
+
+// ErrPending is returned by Acker.Settle when the settlement was sent and
+// the broker's answer will be reported later through Confirm.
+var ErrPending = errors.New("sluice: settlement sent, awaiting confirmation")
+
+// Acker settles one delivery on its broker. Adapters implement it; handlers
+// never see it (the consumer settles every message from its handler's
+// result).
+//
+// The consumer calls Settle exactly once per delivery, and InProgress any
+// number of times before it (possibly concurrently with Settle: an adapter
+// ignores InProgress once the delivery is settled).
 type Acker interface {
-	// Ack settles a processed delivery.
-	Ack(ctx context.Context) error
-	// Nak asks the broker to redeliver after at least delay (0: soon).
-	Nak(ctx context.Context, delay time.Duration) error
-	// Term settles a delivery that must never be redelivered.
-	Term(ctx context.Context, reason string) error
+	// Settle performs s on the broker. It returns nil when the broker has
+	// it (confirmed, or sent when the adapter does not confirm), an error
+	// when it could not be done (the broker redelivers the message later),
+	// or ErrPending when it was sent and the broker's answer will come
+	// through Confirm(m, err): exactly once, from any goroutine, possibly
+	// before Settle returns. Until then the message keeps its window
+	// capacity and counts as in flight. ctx is bounded once the consumer
+	// shuts down; Settle must honour it.
+	Settle(ctx context.Context, s Settlement) error
 	// InProgress extends the broker's ack deadline while a handler runs.
 	InProgress(ctx context.Context) error
 }
 
-// Message is one delivery handed to a Handler. Adapters fill the exported
-// fields; the consumer owns the rest. A Handler must not retain the Message
-// after it returns, nor settle it: the consumer settles it from the
-// Handler's result.
+// Message is one delivery handed to a Handler. Adapters create it with
+// NewMessage (or InitMessage) and fill the exported fields; the consumer
+// owns the rest and settles it from the Handler's result. A Handler must not
+// retain the Message after it returns.
 type Message struct {
 	Topic       string // Kafka topic or NATS subject
 	Key         []byte
@@ -64,22 +109,56 @@ type Message struct {
 	// Size is what the message costs against the byte window. 0 means
 	// len(Key)+len(Value) plus header bytes.
 	Size int64
-	// Origin identifies the delivery for dead letters and logs.
+	// Origin identifies the delivery for dead letters and logs; adapters
+	// fill the stream or partition and the consumer group or durable.
 	Origin dlq.Origin
 	// FirstFailure, when the adapter knows it (for example from a retry
 	// header), is when this message first failed. Otherwise the consumer
 	// tracks it in memory for redeliveries it has seen.
 	FirstFailure time.Time
-	Acker        Acker
 
+	acker     Acker
 	route     *route
+	state     atomic.Int32 // msgState
+	confirm   error        // Confirm's result when it came before Settle returned
+	verdict   verdict      // what the settling party decided (set before stateClaimed ends)
 	deadline  time.Time
 	fetchedAt time.Time
 	touched   atomic.Int64 // unix nanos of the last InProgress or fetch
-	charged   int64
+	charged   atomic.Int64 // bytes charged to the window; -1: none
 	slot      int32
-	settled   atomic.Bool
 	crit      backpressure.Criticality
+	late      bool // succeeded after its deadline
+}
+
+// NewMessage returns a Message settled through a. Adapters call it (or
+// InitMessage) for every delivery.
+func NewMessage(a Acker) *Message {
+	m := &Message{}
+	InitMessage(m, a)
+	return m
+}
+
+// InitMessage prepares m, which the adapter allocated (typically embedded in
+// its own delivery type, to spend one allocation per delivery), to be
+// settled through a. It panics when a is nil or m was initialised before.
+func InitMessage(m *Message, a Acker) {
+	if a == nil {
+		panic("consumer: InitMessage with a nil Acker")
+	}
+	if m.acker != nil {
+		panic("consumer: InitMessage on a Message already initialised")
+	}
+	m.acker = a
+}
+
+func init() {
+	adapterkit.AckerOf = func(v any) any {
+		if m, ok := v.(*Message); ok && m != nil && m.acker != nil {
+			return m.acker
+		}
+		return nil
+	}
 }
 
 // Deadline returns the message's deadline (skew included) and whether it has
@@ -91,14 +170,14 @@ func (m *Message) Deadline() (time.Time, bool) { return m.deadline, !m.deadline.
 func (m *Message) Criticality() backpressure.Criticality { return m.crit }
 
 // InProgress tells the broker the handler is still working on m, so a long
-// handler is not redelivered. The consumer also does this by itself when the
-// route has a KeepAlive interval.
+// handler is not redelivered. The consumer also does this by itself when
+// the Source reports an AckWait (see SourceInfo), so handlers rarely need it.
 func (m *Message) InProgress(ctx context.Context) error {
-	if m.settled.Load() || m.Acker == nil {
+	if m.acker == nil || msgState(m.state.Load()) > stateClaimed {
 		return nil
 	}
 	m.touched.Store(time.Now().UnixNano())
-	return m.Acker.InProgress(ctx)
+	return m.acker.InProgress(ctx)
 }
 
 func (m *Message) cost() int64 {
@@ -111,55 +190,5 @@ func (m *Message) cost() int64 {
 			n += int64(len(k) + len(v))
 		}
 	}
-	return n
-}
-
-// Source hands over messages for one route. Fetch blocks until it can return
-// at least one message, ctx is done, or its own poll interval ends (then it
-// may return no messages and a nil error). It returns at most maxMessages
-// messages whose sizes add up to at most maxBytes, with one exception: when
-// the next message alone is larger than maxBytes the source may return it
-// alone, and the consumer admits it by its oversize policy.
-//
-// Messages a Source has returned are the consumer's: it settles every one of
-// them through its Acker, even when Fetch also returns an error.
-type Source interface {
-	Fetch(ctx context.Context, maxMessages int, maxBytes int64) ([]*Message, error)
-}
-
-// AckWaiter is implemented by sources whose broker redelivers a message not
-// settled within a deadline (JetStream AckWait). The consumer then keeps
-// in-flight messages alive with InProgress at a third of it.
-type AckWaiter interface {
-	AckWait() time.Duration
-}
-
-// DeliveryLimiter is implemented by sources whose broker gives up on a
-// message after a number of deliveries (JetStream MaxDeliver). A Nak of the
-// last delivery would then lose the message without a trace, so New refuses
-// a route whose Retry.MaxAttempts is above the limit, and a delivery that is
-// the broker's last is dead-lettered rather than nak'd when it is shed or
-// overloaded (if the route has a DeadLetter sink). MaxDeliver <= 0 means
-// unlimited.
-type DeliveryLimiter interface {
-	MaxDeliver() int
-}
-
-// Handler processes one message. Its ctx carries the message deadline, if
-// any, and is cancelled on shutdown once the grace period is over. Return
-// nil for success, Permanent(err) for an error retrying cannot fix,
-// Overloaded(err) to shed without retrying at this layer, or any other error
-// to retry.
-type Handler func(ctx context.Context, m *Message) error
-
-// Middleware wraps a Handler.
-type Middleware func(Handler) Handler
-
-// Chain wraps h in mw, the first middleware outermost: Chain(h, a, b) runs
-// a, then b, then h.
-func Chain(h Handler, mw ...Middleware) Handler {
-	for i := len(mw) - 1; i >= 0; i-- {
-		h = mw[i](h)
-	}
-	return h
+	return max(n, 1)
 }

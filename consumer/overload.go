@@ -3,7 +3,6 @@ package consumer
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/sluice-go/sluice/backpressure"
 )
@@ -15,11 +14,12 @@ const (
 	// room to retry. Replay it at a safe pace once the downstream is well.
 	ClassRetryBudget = "retry-budget"
 	// ClassOverloaded: the handler said "overloaded, do not retry" and the
-	// route's OnOverloaded is OverloadedDeadLetter, or it was the broker's
-	// last delivery (DeliveryLimiter).
+	// route's DeadLetter.OnOverloaded is OverloadedDeadLetter, the message
+	// was out of attempts, or it was the broker's last delivery
+	// (SourceInfo.MaxDeliver).
 	ClassOverloaded = "overloaded"
 	// ClassShed: shed by a queue policy on the broker's last delivery
-	// (DeliveryLimiter), where a Nak would have lost it.
+	// (SourceInfo.MaxDeliver), where a Nak would have lost it.
 	ClassShed = "shed"
 )
 
@@ -30,7 +30,9 @@ type OverloadedAction int8
 
 const (
 	// OverloadedNak naks it with the retry backoff, so the broker keeps it
-	// and redelivers it later. The default.
+	// and redelivers it later. The default. Each hand-back counts as an
+	// attempt: out of Retry.MaxAttempts it is dead-lettered (class
+	// "overloaded") like any other failure.
 	OverloadedNak OverloadedAction = iota
 	// OverloadedDeadLetter writes it to the dead-letter sink (class
 	// "overloaded") for a paced replay, so no layer retries it: nested
@@ -54,7 +56,7 @@ const (
 )
 
 // DropPolicy chooses which queued message is shed when a route's queue of
-// fetched-but-not-started messages would exceed Route.ShedQueueLength.
+// fetched-but-not-started messages would exceed Overload.Queue.MaxLength.
 type DropPolicy int8
 
 const (
@@ -75,7 +77,7 @@ const (
 type ShedAction int8
 
 const (
-	// ShedNak naks it with Route.ShedDelay so the broker keeps it. The
+	// ShedNak naks it with Overload.ShedDelay so the broker keeps it. The
 	// default: nothing is lost, the backlog waits in the broker.
 	ShedNak ShedAction = iota
 	// ShedAck acks it: a counted drop, for routes whose work may be lost
@@ -87,10 +89,10 @@ const (
 type ShedReason int8
 
 const (
-	// ShedQueueFull: the route's local queue was over ShedQueueLength.
+	// ShedQueueFull: the route's queue was over Overload.Queue.MaxLength.
 	ShedQueueFull ShedReason = iota
 	// ShedNearDeadline: when a worker picked it, less than
-	// Route.ShedNearDeadline was left before its deadline.
+	// Overload.ShedNearDeadline was left before its deadline.
 	ShedNearDeadline
 	numShedReasons
 )
@@ -126,27 +128,18 @@ func PropagateCriticality(ctx context.Context, h Headers) bool {
 	return ok
 }
 
-func (r *route) shedDelay() time.Duration {
-	if r.cfg.ShedDelay > 0 {
-		return r.cfg.ShedDelay
-	}
-	return time.Second
-}
-
-// shed settles a charged message by the route's ShedAction.
+// shed settles a held message by the route's ShedAction.
 func (r *route) shed(m *Message, reason ShedReason) {
-	sctx := r.settleCtx
 	r.c.shed[reason][m.crit&3].Add(1)
-	if r.cfg.OnShed == ShedAck {
+	if r.cfg.Overload.OnShed == ShedAck {
 		r.forget(m)
-		r.settle(m, OutcomeShed, func() error { return m.Acker.Ack(sctx) })
+		r.settle(m, ack(OutcomeShed))
 		return
 	}
-	if r.lastDelivery(m) && r.cfg.DeadLetter != nil {
+	if r.lastDelivery(m) {
 		// A Nak would be the broker's cue to drop it for good.
-		r.deadLetter(m, ClassShed, fmt.Errorf("%w: shed (%s) on the broker's last delivery", ErrOverloaded, reason), r.clock.Now())
+		r.toSink(m, ClassShed, fmt.Errorf("%w: shed (%s) on the broker's last delivery", backpressure.ErrOverloaded, reason), r.clock.Now(), OutcomeDeadLettered)
 		return
 	}
-	d := r.shedDelay()
-	r.settle(m, OutcomeShed, func() error { return m.Acker.Nak(sctx, d) })
+	r.settle(m, nak(OutcomeShed, r.cfg.Overload.ShedDelay))
 }

@@ -9,7 +9,7 @@ import (
 	"github.com/sluice-go/sluice/backpressure"
 	"github.com/sluice-go/sluice/consumer"
 	"github.com/sluice-go/sluice/dlq"
-	"github.com/sluice-go/sluice/internal/memsource"
+	"github.com/sluice-go/sluice/sluicetest"
 )
 
 // runUntil runs c until cond holds on its first route, then stops it.
@@ -28,7 +28,7 @@ func runUntil(c *consumer.Consumer, cond func(consumer.RouteStats) bool) {
 // 10% to its load. Failures the budget cannot retry go to the DLQ with class
 // "retry-budget", to be replayed at a safe pace later.
 func Example_retryBudget() {
-	src := memsource.New()
+	src := sluicetest.NewSource()
 	for i := range 100 {
 		src.Publish(fmt.Sprint("m", i), []byte("x"), nil, time.Time{})
 	}
@@ -36,17 +36,20 @@ func Example_retryBudget() {
 	attempts := 0
 	letters := map[string]int{}
 	c, _ := consumer.New(consumer.Options{}, consumer.Route{
-		Name: "payments", Source: src, Workers: 1, MaxInFlight: 8, MaxInFlightBytes: 1 << 20,
-		Retry:       consumer.RetryPolicy{MaxAttempts: 2, BaseDelay: time.Millisecond, MaxDelay: time.Millisecond},
-		RetryBudget: budget, // may be shared by several routes
-		DeadLetter: dlq.SinkFunc(func(_ context.Context, l *dlq.Letter) error {
-			letters[l.Class]++
-			return nil
-		}),
+		Name:    "payments",
+		Source:  src,
+		Workers: 1,
+		Retry:   consumer.RetryPolicy{MaxAttempts: 2, BaseDelay: time.Millisecond, MaxDelay: time.Millisecond},
 		Handler: func(context.Context, *consumer.Message) error {
 			attempts++
 			return errors.New("downstream unavailable")
 		},
+		Window:   consumer.WindowPolicy{Messages: 8, Bytes: 1 << 20},
+		Overload: consumer.OverloadPolicy{RetryBudget: budget},
+		DeadLetter: consumer.DeadLetterPolicy{Sink: dlq.SinkFunc(func(_ context.Context, l *dlq.Letter) error {
+			letters[l.Class]++
+			return nil
+		})},
 	})
 	runUntil(c, func(s consumer.RouteStats) bool { return s.Settled[consumer.OutcomeDeadLettered] == 100 })
 	fmt.Println("attempts:", attempts, "for 100 messages (no budget: 200)")
@@ -65,16 +68,13 @@ func Example_retryBudget() {
 // the oldest CRITICAL when m4 arrives to a queue of two CRITICAL, m5 as the
 // lowest arrival.
 func Example_queueShedding() {
-	src := memsource.New()
+	src := sluicetest.NewSource()
 	release := make(chan struct{})
 	var ran []string
 	c, _ := consumer.New(consumer.Options{}, consumer.Route{
-		Name: "orders", Source: src, Workers: 1, MaxInFlight: 16, MaxInFlightBytes: 1 << 20, MinFetch: 1,
-		Criticality:     backpressure.Critical,
-		QueueOrder:      consumer.QueueFIFO,
-		ShedQueueLength: 2,
-		Drop:            consumer.DropLowestCriticality,
-		OnShed:          consumer.ShedAck,
+		Name:    "orders",
+		Source:  src,
+		Workers: 1,
 		Handler: func(ctx context.Context, m *consumer.Message) error {
 			if string(m.Key) == "first" {
 				<-release // hold the worker while the others queue
@@ -83,6 +83,8 @@ func Example_queueShedding() {
 			ran = append(ran, string(m.Key))
 			return nil
 		},
+		Window:   consumer.WindowPolicy{Messages: 16, Bytes: 1 << 20, MinFetch: 1},
+		Overload: consumer.OverloadPolicy{Criticality: backpressure.Critical, OnShed: consumer.ShedAck, Queue: consumer.QueuePolicy{Order: consumer.QueueFIFO, MaxLength: 2, DropWhenFull: consumer.DropLowestCriticality}},
 	})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -102,15 +104,15 @@ func Example_queueShedding() {
 		time.Sleep(time.Millisecond)
 	}
 	close(release)
-	for c.Stats()[0].InFlight > 0 {
+	for c.Stats()[0].Held > 0 {
 		time.Sleep(time.Millisecond)
 	}
 	cancel()
 	<-done
 	s := c.Stats()[0]
 	fmt.Println("ran:", ran)
-	fmt.Println("shed SHEDDABLE:", s.Shed[consumer.ShedQueueFull][backpressure.Sheddable],
-		"CRITICAL:", s.Shed[consumer.ShedQueueFull][backpressure.Critical])
+	fmt.Println("shed SHEDDABLE:", s.Overload.Shed[consumer.ShedQueueFull][backpressure.Sheddable],
+		"CRITICAL:", s.Overload.Shed[consumer.ShedQueueFull][backpressure.Critical])
 	// Output:
 	// ran: [m2 m4]
 	// shed SHEDDABLE: 3 CRITICAL: 1
@@ -127,23 +129,18 @@ func Example_overloadOptions() {
 	})
 	budget, _ := backpressure.NewRetryBudget(backpressure.RetryBudgetOptions{})
 	_, err := consumer.New(consumer.Options{}, consumer.Route{
-		Name: "reports", Source: memsource.New(), Workers: 16, MaxInFlight: 64, MaxInFlightBytes: 8 << 20,
-		Criticality:      backpressure.Sheddable,
-		Slots:            slots,    // class-aware share of the downstream
-		Throttle:         throttle, // pull less while the downstream refuses
-		AdaptiveLimit:    limit,    // find the concurrency the downstream sustains
-		RetryBudget:      budget,   // retries ≤ 10% of first attempts
-		OnOverloaded:     consumer.OverloadedNak,
-		QueueOrder:       consumer.QueueLIFO,
-		ShedQueueLength:  32,
-		Drop:             consumer.DropOldest, // LIFO with oldest-drop
-		ShedNearDeadline: 20 * time.Millisecond,
-		OnShed:           consumer.ShedNak, // the broker keeps shed messages
+		Name:    "reports",
+		Source:  sluicetest.NewSource(),
+		Workers: 16,
+		// the broker keeps shed messages
 		Handler: func(ctx context.Context, m *consumer.Message) error {
 			out := consumer.Headers{}
 			consumer.PropagateCriticality(ctx, out) // outgoing messages inherit the class
 			return nil
 		},
+		Window:     consumer.WindowPolicy{Messages: 64, Bytes: 8 << 20},
+		Overload:   consumer.OverloadPolicy{Criticality: backpressure.Sheddable, Slots: slots, Throttle: throttle, AdaptiveLimit: limit, RetryBudget: budget, ShedNearDeadline: 20 * time.Millisecond, OnShed: consumer.ShedNak, Queue: consumer.QueuePolicy{Order: consumer.QueueLIFO, MaxLength: 32, DropWhenFull: consumer.DropOldest}},
+		DeadLetter: consumer.DeadLetterPolicy{OnOverloaded: consumer.OverloadedNak},
 	})
 	fmt.Println(err)
 	// Output:

@@ -16,7 +16,7 @@ import (
 	"github.com/sluice-go/sluice/consumer"
 	"github.com/sluice-go/sluice/dlq"
 	"github.com/sluice-go/sluice/expiry"
-	"github.com/sluice-go/sluice/internal/memsource"
+	"github.com/sluice-go/sluice/sluicetest"
 )
 
 type letterBox struct {
@@ -61,7 +61,7 @@ func TestCriticalityGoodputUnderSharedOverload(t *testing.T) {
 		bg, _ := backpressure.NewBudget(64 << 10)
 		slots, _ := backpressure.NewSlots(4)
 		plain := make(chan struct{}, 4)
-		crit, shed := memsource.New(), memsource.New()
+		crit, shed := sluicetest.NewSource(), sluicetest.NewSource()
 		handler := func(ctx context.Context, m *consumer.Message) error {
 			if !aware {
 				select {
@@ -74,12 +74,18 @@ func TestCriticalityGoodputUnderSharedOverload(t *testing.T) {
 			time.Sleep(10 * time.Millisecond)
 			return nil
 		}
-		mk := func(name string, src *memsource.Source, c backpressure.Criticality, reserve int64) consumer.Route {
-			r := consumer.Route{Name: name, Source: src, Handler: handler, Workers: 8, MaxInFlight: 32,
-				MaxInFlightBytes: 32 << 10, Criticality: c, ReservedBytes: reserve,
-				Expiry: expiry.Policy{MaxAge: 500 * time.Millisecond}}
+		mk := func(name string, src *sluicetest.Source, c backpressure.Criticality, reserve int64) consumer.Route {
+			r := consumer.Route{
+				Name:     name,
+				Source:   src,
+				Handler:  handler,
+				Workers:  8,
+				Expiry:   expiry.Policy{MaxAge: 500 * time.Millisecond},
+				Window:   consumer.WindowPolicy{Messages: 32, Bytes: 32 << 10},
+				Overload: consumer.OverloadPolicy{Criticality: c, ReservedBytes: reserve},
+			}
 			if aware {
-				r.Slots = slots
+				r.Overload.Slots = slots
 			}
 			return r
 		}
@@ -87,7 +93,7 @@ func TestCriticalityGoodputUnderSharedOverload(t *testing.T) {
 		// batch route often does: through a plain semaphore its waiters
 		// outnumber the critical ones and take most of the downstream.
 		sr := mk("sheddable", shed, backpressure.Sheddable, 0)
-		sr.Workers, sr.MaxInFlight = 32, 64
+		sr.Workers, sr.Window.Messages = 32, 64
 		c, err := consumer.New(consumer.Options{Budget: bg}, mk("critical", crit, backpressure.Critical, 16<<10), sr)
 		if err != nil {
 			t.Fatal(err)
@@ -113,7 +119,7 @@ func TestCriticalityGoodputUnderSharedOverload(t *testing.T) {
 		tick.Stop()
 		eventually(t, "drain", func() bool {
 			s := c.Stats()
-			return crit.Queued() == 0 && shed.Queued() == 0 && s[0].InFlight == 0 && s[1].InFlight == 0
+			return crit.Queued() == 0 && shed.Queued() == 0 && s[0].Held == 0 && s[1].Held == 0
 		})
 		if err := stop(); err != nil {
 			t.Fatal(err)
@@ -145,7 +151,7 @@ func TestCriticalityGoodputUnderSharedOverload(t *testing.T) {
 func TestRetryBudgetBoundsAttemptsAgainstFailingDownstream(t *testing.T) {
 	const n = 1000
 	budget, _ := backpressure.NewRetryBudget(backpressure.RetryBudgetOptions{})
-	src := memsource.New()
+	src := sluicetest.NewSource()
 	for i := range n {
 		src.Publish(fmt.Sprintf("m%d", i), []byte("x"), nil, time.Time{})
 	}
@@ -155,9 +161,9 @@ func TestRetryBudgetBoundsAttemptsAgainstFailingDownstream(t *testing.T) {
 		attempts.Add(1)
 		return errors.New("downstream 503")
 	})
-	r.Workers, r.MaxInFlight = 4, 64
-	r.RetryBudget = budget
-	r.DeadLetter = box.sink()
+	r.Workers, r.Window.Messages = 4, 64
+	r.Overload.RetryBudget = budget
+	r.DeadLetter.Sink = box.sink()
 	c, err := consumer.New(consumer.Options{}, r)
 	if err != nil {
 		t.Fatal(err)
@@ -174,8 +180,8 @@ func TestRetryBudgetBoundsAttemptsAgainstFailingDownstream(t *testing.T) {
 	if ratio > 1.1 {
 		t.Fatalf("attempts ratio %.3f > 1.1", ratio)
 	}
-	if s.RetryBudgetExhausted == 0 || int(s.RetryBudgetExhausted) != box.count(consumer.ClassRetryBudget) {
-		t.Fatalf("RetryBudgetExhausted %d, letters %d", s.RetryBudgetExhausted, box.count(consumer.ClassRetryBudget))
+	if s.Overload.RetryBudgetExhausted == 0 || int(s.Overload.RetryBudgetExhausted) != box.count(consumer.ClassRetryBudget) {
+		t.Fatalf("RetryBudgetExhausted %d, letters %d", s.Overload.RetryBudgetExhausted, box.count(consumer.ClassRetryBudget))
 	}
 	ledger, errs := src.Ledger()
 	if len(errs) > 0 {
@@ -196,7 +202,7 @@ func TestNestedDoNotRetryLayers(t *testing.T) {
 	const n = 20
 	down := errors.New("dependency failure")
 	run := func(sluice bool) int64 {
-		src := memsource.New()
+		src := sluicetest.NewSource()
 		for i := range n {
 			src.Publish(fmt.Sprintf("m%d", i), []byte("x"), nil, time.Time{})
 		}
@@ -223,8 +229,8 @@ func TestNestedDoNotRetryLayers(t *testing.T) {
 		}
 		var box letterBox
 		r := route("nested", src, func(ctx context.Context, m *consumer.Message) error { return call(ctx) })
-		r.DeadLetter = box.sink()
-		r.OnOverloaded = consumer.OverloadedDeadLetter
+		r.DeadLetter.Sink = box.sink()
+		r.DeadLetter.OnOverloaded = consumer.OverloadedDeadLetter
 		c, err := consumer.New(consumer.Options{}, r)
 		if err != nil {
 			t.Fatal(err)
@@ -260,19 +266,19 @@ func TestThrottleSlowsThePull(t *testing.T) {
 	th, _ := backpressure.NewThrottle(backpressure.ThrottleOptions{Window: time.Second, Buckets: 10})
 	backend := rate.NewLimiter(100, 10)
 	var calls, accepted atomic.Int64
-	src := memsource.New()
+	src := sluicetest.NewSource()
 	src.HonorDelay = true
 	r := route("throttled", src, func(ctx context.Context, m *consumer.Message) error {
 		calls.Add(1)
 		if !backend.Allow() {
-			return consumer.Overloaded(errors.New("429"))
+			return backpressure.Overloaded(errors.New("429"))
 		}
 		accepted.Add(1)
 		return nil
 	})
-	r.Workers, r.MaxInFlight = 4, 64
+	r.Workers, r.Window.Messages = 4, 64
 	r.Retry = consumer.RetryPolicy{BaseDelay: 200 * time.Millisecond, MaxDelay: 200 * time.Millisecond}
-	r.Throttle = th
+	r.Overload.Throttle = th
 	c, err := consumer.New(consumer.Options{}, r)
 	if err != nil {
 		t.Fatal(err)
@@ -300,7 +306,7 @@ func TestThrottleSlowsThePull(t *testing.T) {
 	}
 	measure(time.Second) // warm up: the window fills with the overload
 	f, s, a := measure(2 * time.Second)
-	p := c.Stats()[0].ThrottleProbability
+	p := c.Stats()[0].Overload.ThrottleProbability
 	t.Logf("overload (capacity 100/s, offered 300/s): pulled %.0f/s, backend sees %.0f/s, accepts %.0f/s (%.2f×), p=%.2f, backlog in broker %d",
 		f, s, a, s/a, p, src.Queued())
 	if s > 2.5*a || s > 290 {
@@ -310,9 +316,9 @@ func TestThrottleSlowsThePull(t *testing.T) {
 	backend.SetBurst(100)
 	measure(2 * time.Second) // recovering: p decays with the window
 	f, s, a = measure(time.Second)
-	p = c.Stats()[0].ThrottleProbability
+	p = c.Stats()[0].Overload.ThrottleProbability
 	t.Logf("capacity back (2000/s): pulled %.0f/s, backend sees %.0f/s, accepts %.0f/s, p=%.2f, backlog %d, refused slots %d",
-		f, s, a, p, src.Queued(), c.Stats()[0].ThrottleRefused)
+		f, s, a, p, src.Queued(), c.Stats()[0].Overload.ThrottleRefused)
 	if a < 250 || p > 0.05 {
 		t.Fatalf("did not recover: accepts %.0f/s, p=%.2f", a, p)
 	}

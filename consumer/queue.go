@@ -5,40 +5,83 @@ import (
 	"sync"
 )
 
-// localQueue holds a route's fetched-but-not-started messages when the
-// route asks for LIFO order or queue shedding; other routes use a plain
-// channel. It never blocks a push: the window already bounds its length.
-type localQueue struct {
+// queue holds a route's fetched messages until a worker takes them. It never
+// blocks a push (the window bounds its length) and grows with what it holds,
+// so nothing is allocated up front in proportion to the window's size.
+// Workers take the oldest (FIFO) or newest (LIFO) message; with a length
+// limit, a push over it sheds one message by the route's drop policy.
+type queue struct {
 	order QueueOrder
 	drop  DropPolicy
 	limit int // shed above this many queued; 0: never
 
 	mu     sync.Mutex
 	cond   sync.Cond
-	items  []*Message // oldest first
+	buf    []*Message // ring buffer; len(buf) is a power of two or 0
+	head   int        // index of the oldest item
+	n      int
 	closed bool
 }
 
-func newLocalQueue(order QueueOrder, drop DropPolicy, limit, capacity int) *localQueue {
-	q := &localQueue{order: order, drop: drop, limit: limit, items: make([]*Message, 0, capacity)}
+func newQueue(order QueueOrder, drop DropPolicy, limit int) *queue {
+	q := &queue{order: order, drop: drop, limit: limit}
 	q.cond.L = &q.mu
 	return q
 }
 
+func (q *queue) at(i int) *Message { return q.buf[(q.head+i)&(len(q.buf)-1)] }
+
+func (q *queue) grow() {
+	size := max(16, 2*len(q.buf))
+	buf := make([]*Message, size)
+	for i := 0; i < q.n; i++ {
+		buf[i] = q.at(i)
+	}
+	q.buf, q.head = buf, 0
+}
+
+func (q *queue) pushLocked(m *Message) {
+	if q.n == len(q.buf) {
+		q.grow()
+	}
+	q.buf[(q.head+q.n)&(len(q.buf)-1)] = m
+	q.n++
+}
+
+// removeLocked takes out the i-th oldest item.
+func (q *queue) removeLocked(i int) *Message {
+	mask := len(q.buf) - 1
+	m := q.buf[(q.head+i)&mask]
+	if i < q.n/2 {
+		for j := i; j > 0; j-- {
+			q.buf[(q.head+j)&mask] = q.buf[(q.head+j-1)&mask]
+		}
+		q.buf[q.head] = nil
+		q.head = (q.head + 1) & mask
+	} else {
+		for j := i; j < q.n-1; j++ {
+			q.buf[(q.head+j)&mask] = q.buf[(q.head+j+1)&mask]
+		}
+		q.buf[(q.head+q.n-1)&mask] = nil
+	}
+	q.n--
+	return m
+}
+
 // push queues m and returns the message to shed, if the queue is now over
-// its limit (possibly m itself).
-func (q *localQueue) push(m *Message) (victim *Message) {
+// its limit (possibly m itself, which is then not queued).
+func (q *queue) push(m *Message) (victim *Message) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.limit > 0 && len(q.items) >= q.limit {
+	if q.limit > 0 && q.n >= q.limit {
 		switch q.drop {
 		case DropNewest:
 			return m
 		case DropOldest:
 			victim = q.removeLocked(0)
 		case DropRandom:
-			i := rand.N(len(q.items) + 1)
-			if i == len(q.items) {
+			i := rand.N(q.n + 1)
+			if i == q.n {
 				return m
 			}
 			victim = q.removeLocked(i)
@@ -46,47 +89,60 @@ func (q *localQueue) push(m *Message) (victim *Message) {
 			// The oldest queued message of the lowest class present; the
 			// arrival only when its class is below every queued one.
 			at := 0
-			for i, x := range q.items {
-				if x.crit < q.items[at].crit {
+			for i := 1; i < q.n; i++ {
+				if q.at(i).crit < q.at(at).crit {
 					at = i
 				}
 			}
-			if m.crit < q.items[at].crit {
+			if m.crit < q.at(at).crit {
 				return m
 			}
 			victim = q.removeLocked(at)
 		}
 	}
-	q.items = append(q.items, m)
+	q.pushLocked(m)
 	q.cond.Signal()
 	return victim
 }
 
-func (q *localQueue) removeLocked(i int) *Message {
-	m := q.items[i]
-	copy(q.items[i:], q.items[i+1:])
-	q.items[len(q.items)-1] = nil
-	q.items = q.items[:len(q.items)-1]
-	return m
-}
-
 // pop blocks until a message is queued or the queue is closed and empty.
-func (q *localQueue) pop() (*Message, bool) {
+func (q *queue) pop() (*Message, bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	for len(q.items) == 0 {
+	for q.n == 0 {
 		if q.closed {
 			return nil, false
 		}
 		q.cond.Wait()
 	}
 	if q.order == QueueLIFO {
-		return q.removeLocked(len(q.items) - 1), true
+		return q.removeLocked(q.n - 1), true
 	}
 	return q.removeLocked(0), true
 }
 
-func (q *localQueue) close() {
+// tryPop takes a message without waiting, in the queue's order.
+func (q *queue) tryPop() (*Message, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.n == 0 {
+		return nil, false
+	}
+	if q.order == QueueLIFO {
+		return q.removeLocked(q.n - 1), true
+	}
+	return q.removeLocked(0), true
+}
+
+// len returns how many messages wait.
+func (q *queue) len() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.n
+}
+
+// close wakes every worker; they take what is left, then stop.
+func (q *queue) close() {
 	q.mu.Lock()
 	q.closed = true
 	q.cond.Broadcast()

@@ -12,7 +12,7 @@ import (
 // instead of the oldest of that class.
 func TestDropLowestCriticalityShedsOldestOfLowest(t *testing.T) {
 	mk := func(c backpressure.Criticality) *Message { return &Message{crit: c} }
-	q := newLocalQueue(QueueFIFO, DropLowestCriticality, 3, 8)
+	q := newQueue(QueueFIFO, DropLowestCriticality, 3)
 	s1, c1, s2 := mk(backpressure.Sheddable), mk(backpressure.Critical), mk(backpressure.Sheddable)
 	for _, m := range []*Message{s1, c1, s2} {
 		if v := q.push(m); v != nil {

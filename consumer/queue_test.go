@@ -10,7 +10,7 @@ import (
 	"github.com/sluice-go/sluice/backpressure"
 	"github.com/sluice-go/sluice/consumer"
 	"github.com/sluice-go/sluice/expiry"
-	"github.com/sluice-go/sluice/internal/memsource"
+	"github.com/sluice-go/sluice/sluicetest"
 )
 
 // One worker is held by message b0 while 20 more arrive into a queue that
@@ -35,7 +35,7 @@ func TestQueueDropPolicies(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			src := memsource.New()
+			src := sluicetest.NewSource()
 			release := make(chan struct{})
 			var mu sync.Mutex
 			var ran []int
@@ -52,10 +52,10 @@ func TestQueueDropPolicies(t *testing.T) {
 				mu.Unlock()
 				return nil
 			})
-			r.Workers, r.MaxInFlight, r.MinFetch = 1, 32, 1
-			r.Criticality = backpressure.Critical
-			r.QueueOrder, r.Drop, r.ShedQueueLength = tc.order, tc.drop, 5
-			r.OnShed = consumer.ShedAck
+			r.Workers, r.Window.Messages, r.Window.MinFetch = 1, 32, 1
+			r.Overload.Criticality = backpressure.Critical
+			r.Overload.Queue.Order, r.Overload.Queue.DropWhenFull, r.Overload.Queue.MaxLength = tc.order, tc.drop, 5
+			r.Overload.OnShed = consumer.ShedAck
 			c, err := consumer.New(consumer.Options{}, r)
 			if err != nil {
 				t.Fatal(err)
@@ -73,7 +73,7 @@ func TestQueueDropPolicies(t *testing.T) {
 			}
 			eventually(t, "fetched", func() bool { return c.Stats()[0].Fetched == 21 })
 			close(release)
-			eventually(t, "settled", func() bool { s := c.Stats()[0]; return s.InFlight == 0 })
+			eventually(t, "settled", func() bool { s := c.Stats()[0]; return s.Held == 0 })
 			if err := stop(); err != nil {
 				t.Fatal(err)
 			}
@@ -84,11 +84,11 @@ func TestQueueDropPolicies(t *testing.T) {
 				t.Fatalf("shed %d, ran %v", s.Settled[consumer.OutcomeShed], ran)
 			}
 			var byReason uint64
-			for _, n := range s.Shed[consumer.ShedQueueFull] {
+			for _, n := range s.Overload.Shed[consumer.ShedQueueFull] {
 				byReason += n
 			}
 			if byReason != 15 {
-				t.Fatalf("Shed[queue_full] %v", s.Shed[consumer.ShedQueueFull])
+				t.Fatalf("Shed[queue_full] %v", s.Overload.Shed[consumer.ShedQueueFull])
 			}
 			if tc.want.ran != nil && fmt.Sprint(ran) != fmt.Sprint(tc.want.ran) {
 				t.Fatalf("ran %v, want %v", ran, tc.want.ran)
@@ -99,8 +99,8 @@ func TestQueueDropPolicies(t *testing.T) {
 						t.Fatalf("ran %v (classes %v): a sheddable message survived", ran, classes)
 					}
 				}
-				if s.Shed[consumer.ShedQueueFull][backpressure.Sheddable] != 15 {
-					t.Fatalf("shed by class %v", s.Shed[consumer.ShedQueueFull])
+				if s.Overload.Shed[consumer.ShedQueueFull][backpressure.Sheddable] != 15 {
+					t.Fatalf("shed by class %v", s.Overload.Shed[consumer.ShedQueueFull])
 				}
 			}
 			ledger, errs := src.Ledger()
@@ -119,7 +119,7 @@ func TestQueueDropPolicies(t *testing.T) {
 // Shed by the default ShedNak: the broker keeps the message and redelivers
 // it, so nothing is lost.
 func TestShedNakKeepsMessagesInBroker(t *testing.T) {
-	src := memsource.New()
+	src := sluicetest.NewSource()
 	src.HonorDelay = true
 	release := make(chan struct{})
 	r := route("q", src, func(ctx context.Context, m *consumer.Message) error {
@@ -128,7 +128,7 @@ func TestShedNakKeepsMessagesInBroker(t *testing.T) {
 		}
 		return nil
 	})
-	r.Workers, r.MaxInFlight, r.MinFetch, r.ShedQueueLength, r.ShedDelay = 1, 32, 1, 2, 20*time.Millisecond
+	r.Workers, r.Window.Messages, r.Window.MinFetch, r.Overload.Queue.MaxLength, r.Overload.ShedDelay = 1, 32, 1, 2, 20*time.Millisecond
 	c, err := consumer.New(consumer.Options{}, r)
 	if err != nil {
 		t.Fatal(err)
@@ -163,15 +163,15 @@ func TestShedNakKeepsMessagesInBroker(t *testing.T) {
 
 // A message picked with less than ShedNearDeadline left is shed, not run.
 func TestShedNearDeadline(t *testing.T) {
-	src := memsource.New()
+	src := sluicetest.NewSource()
 	now := time.Now()
 	src.Publish("fresh", []byte("x"), nil, now)
 	src.Publish("old", []byte("x"), nil, now.Add(-450*time.Millisecond))
 	var ran sync.Map
 	r := route("d", src, func(ctx context.Context, m *consumer.Message) error { ran.Store(string(m.Key), true); return nil })
 	r.Expiry = expiry.Policy{MaxAge: 500 * time.Millisecond}
-	r.ShedNearDeadline = 200 * time.Millisecond
-	r.OnShed = consumer.ShedAck
+	r.Overload.ShedNearDeadline = 200 * time.Millisecond
+	r.Overload.OnShed = consumer.ShedAck
 	c, err := consumer.New(consumer.Options{}, r)
 	if err != nil {
 		t.Fatal(err)
@@ -182,8 +182,8 @@ func TestShedNearDeadline(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := c.Stats()[0]
-	if _, ok := ran.Load("old"); ok || s.Shed[consumer.ShedNearDeadline][backpressure.Sheddable] != 1 {
-		t.Fatalf("old ran or not counted: %+v", s.Shed)
+	if _, ok := ran.Load("old"); ok || s.Overload.Shed[consumer.ShedNearDeadline][backpressure.Sheddable] != 1 {
+		t.Fatalf("old ran or not counted: %+v", s.Overload.Shed)
 	}
 	if _, ok := ran.Load("fresh"); !ok {
 		t.Fatal("fresh not run")
@@ -194,7 +194,7 @@ func TestShedNearDeadline(t *testing.T) {
 // producer's header, never raised), and PropagateCriticality copies it to
 // outgoing headers.
 func TestCriticalityPropagates(t *testing.T) {
-	src := memsource.New()
+	src := sluicetest.NewSource()
 	src.Publish("plain", []byte("x"), nil, time.Time{})
 	src.Publish("lower", []byte("x"), consumer.Headers{consumer.CriticalityHeader: {"sheddable_plus"}}, time.Time{})
 	src.Publish("raise", []byte("x"), consumer.Headers{consumer.CriticalityHeader: {"CRITICAL_PLUS"}}, time.Time{})
@@ -207,7 +207,7 @@ func TestCriticalityPropagates(t *testing.T) {
 		got.Store(string(m.Key), out.Get(consumer.CriticalityHeader))
 		return nil
 	})
-	r.Criticality = backpressure.Critical
+	r.Overload.Criticality = backpressure.Critical
 	c, err := consumer.New(consumer.Options{}, r)
 	if err != nil {
 		t.Fatal(err)
@@ -234,7 +234,7 @@ func TestAdaptiveLimitDrivesWindow(t *testing.T) {
 	}
 	al, _ := backpressure.NewAdaptiveLimit(backpressure.AdaptiveLimitOptions{Min: 2, Max: 32, Initial: 2,
 		Target: 7 * time.Millisecond, Interval: 100 * time.Millisecond, MinSamples: 5})
-	src := memsource.New()
+	src := sluicetest.NewSource()
 	var mu sync.Mutex
 	busy, service := 0, 4*time.Millisecond
 	r := route("adaptive", src, func(ctx context.Context, m *consumer.Message) error {
@@ -248,8 +248,8 @@ func TestAdaptiveLimitDrivesWindow(t *testing.T) {
 		mu.Unlock()
 		return nil
 	})
-	r.Workers, r.MaxInFlight, r.MinFetch = 32, 32, 1
-	r.AdaptiveLimit = al
+	r.Workers, r.Window.Messages, r.Window.MinFetch = 32, 32, 1
+	r.Overload.AdaptiveLimit = al
 	c, err := consumer.New(consumer.Options{}, r)
 	if err != nil {
 		t.Fatal(err)
@@ -264,10 +264,10 @@ func TestAdaptiveLimitDrivesWindow(t *testing.T) {
 		for time.Now().Before(end) {
 			time.Sleep(100 * time.Millisecond)
 			s := c.Stats()[0]
-			if s.WindowLimit < 2 || s.WindowLimit > 32 || !s.Adaptive {
-				t.Fatalf("limit %d out of bounds", s.WindowLimit)
+			if s.Window.Limit < 2 || s.Window.Limit > 32 || !s.Window.Adaptive {
+				t.Fatalf("limit %d out of bounds", s.Window.Limit)
 			}
-			trace = append(trace, s.WindowLimit)
+			trace = append(trace, s.Window.Limit)
 		}
 		return trace[len(trace)-1]
 	}
@@ -291,7 +291,7 @@ func TestAdaptiveLimitDrivesWindow(t *testing.T) {
 // Near-deadline shedding happens at fetch too: the message does not wait in
 // the window for a worker (here the only worker is busy) only to be shed.
 func TestShedNearDeadlineAtFetch(t *testing.T) {
-	src := memsource.New()
+	src := sluicetest.NewSource()
 	now := time.Now()
 	src.Publish("busy", []byte("x"), nil, now)
 	src.Publish("old", []byte("x"), nil, now.Add(-450*time.Millisecond))
@@ -307,7 +307,7 @@ func TestShedNearDeadlineAtFetch(t *testing.T) {
 	})
 	r.Workers = 1
 	r.Expiry = expiry.Policy{MaxAge: 500 * time.Millisecond}
-	r.ShedNearDeadline = 200 * time.Millisecond
+	r.Overload.ShedNearDeadline = 200 * time.Millisecond
 	c, err := consumer.New(consumer.Options{}, r)
 	if err != nil {
 		t.Fatal(err)
@@ -316,7 +316,7 @@ func TestShedNearDeadlineAtFetch(t *testing.T) {
 	eventually(t, "old shed while the worker is busy", func() bool {
 		// memsource redelivers a Nak at once, so it may be shed again
 		// until it expires.
-		return c.Stats()[0].Shed[consumer.ShedNearDeadline][backpressure.Sheddable] >= 1
+		return c.Stats()[0].Overload.Shed[consumer.ShedNearDeadline][backpressure.Sheddable] >= 1
 	})
 	close(release)
 	eventually(t, "busy settled", func() bool { return c.Stats()[0].Settled[consumer.OutcomeSucceeded] == 1 })

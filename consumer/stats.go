@@ -8,23 +8,49 @@ import (
 	"github.com/sluice-go/sluice/backpressure"
 )
 
-// Outcome is how one delivery ended.
+// Outcome is how one delivery ended. Every fetched message ends in exactly
+// one; the package documentation states what the broker is told for each.
 type Outcome int8
 
 const (
-	OutcomeSucceeded    Outcome = iota // handler returned nil; acked
-	OutcomeRetried                     // retryable error; nak'd with backoff
-	OutcomeOverloaded                  // "overloaded, do not retry"; nak'd with backoff, not retried here
-	OutcomeDeadLettered                // written to the DLQ, then terminated
-	OutcomeDLQFailed                   // DLQ write failed; nak'd so nothing is lost
-	OutcomeTerminated                  // permanent failure without a DLQ; terminated
-	OutcomeExpired                     // deadline passed; settled without (further) handling
-	OutcomeShed                        // dropped or nak'd by an overload policy
-	OutcomeReturned                    // nak'd on shutdown without running to completion
+	// OutcomeSucceeded: the handler returned nil; acked. A success after
+	// the message's deadline also counts in RouteStats.Late.
+	OutcomeSucceeded Outcome = iota
+	// OutcomeRetried: a retryable error with attempts left; nak'd with
+	// backoff so the broker redelivers it.
+	OutcomeRetried
+	// OutcomeOverloaded: the handler said "overloaded, do not retry" with
+	// attempts left; nak'd with backoff, not retried in process.
+	OutcomeOverloaded
+	// OutcomeDeadLettered: written to the dead-letter sink, then terminated.
+	OutcomeDeadLettered
+	// OutcomeDLQFailed: the dead-letter write failed; nak'd so the broker
+	// redelivers it, and the redelivery goes straight to the sink again
+	// without running the handler.
+	OutcomeDLQFailed
+	// OutcomeTerminated: would have been dead-lettered, but the route has
+	// no sink; terminated.
+	OutcomeTerminated
+	// OutcomeExpired: its deadline passed (or would before it could
+	// finish) at fetch, in the queue, before the handler, or while the
+	// handler ran out of time; settled by DeadLetter.OnExpired.
+	OutcomeExpired
+	// OutcomeShed: dropped by an overload policy before it ran; settled by
+	// Overload.OnShed.
+	OutcomeShed
+	// OutcomeReturned: handed back on shutdown (nak'd without delay)
+	// before it ran.
+	OutcomeReturned
+	// OutcomeAbandoned: left unsettled on purpose, for the broker to
+	// redeliver after its ack deadline: a handler still running after the
+	// shutdown grace (settling it would let a second consumer run it while
+	// it still runs here), a last delivery whose dead-letter write never
+	// succeeded before shutdown, or a settlement never confirmed.
+	OutcomeAbandoned
 	numOutcomes
 )
 
-var outcomeNames = [...]string{"succeeded", "retried", "overloaded", "dead_lettered", "dlq_failed", "terminated", "expired", "shed", "returned"}
+var outcomeNames = [...]string{"succeeded", "retried", "overloaded", "dead_lettered", "dlq_failed", "terminated", "expired", "shed", "returned", "abandoned"}
 
 // String returns the outcome's metric label, for example "dead_lettered".
 func (o Outcome) String() string {
@@ -43,45 +69,101 @@ func Outcomes() []Outcome {
 	return out
 }
 
-// RouteInfo describes a route to an Observer.
+// RouteInfo describes a route to an Observer (defaults applied).
 type RouteInfo struct {
-	Name             string
-	Criticality      backpressure.Criticality
-	Workers          int
-	MaxInFlight      int
-	MaxInFlightBytes int64
+	Name        string
+	Criticality backpressure.Criticality
+	Workers     int
+	// WindowMessages and WindowBytes are the route window's size.
+	WindowMessages int
+	WindowBytes    int64
 }
 
 // RouteStats is a snapshot of one route. Every fetched message is either
-// still in flight or counted in exactly one Outcome:
+// still held or counted in exactly one Outcome:
 //
-//	Fetched == sum(Settled) + InFlight
+//	Fetched == sum(Settled) + Held
+//
+// Counters never go backwards.
 type RouteStats struct {
 	RouteInfo
+	// Fetched counts messages the Source handed over.
 	Fetched uint64
-	Settled [numOutcomes]uint64 // indexed by Outcome
-	// Late counts successes that finished after the message's deadline:
-	// goodput is Settled[OutcomeSucceeded] - Late.
+	// Settled counts outcomes, indexed by Outcome.
+	Settled [numOutcomes]uint64
+	// Held is what the route holds now: queued, running, waiting for the
+	// window or awaiting a settlement's confirmation.
+	Held int
+	// Late counts successes that finished after the message's deadline.
 	Late uint64
-	// HandlerErrors counts handler runs that returned an error or panicked.
-	HandlerErrors uint64
-	Panics        uint64
-	// MalformedDeadlines counts deadline headers that could not be parsed.
-	MalformedDeadlines uint64
-	// SettleErrors counts Ack/Nak/Term calls the broker refused; the
-	// broker redelivers those messages.
-	SettleErrors uint64
-	FetchErrors  uint64
-	// KeepAlives counts InProgress calls made for long-running messages.
+	// KeepAlives counts InProgress calls made for held messages.
 	KeepAlives uint64
+	// OldestHeld is how long the oldest held message has been held.
+	OldestHeld time.Duration
 
+	Window   WindowStats
+	Errors   ErrorStats
+	Overload OverloadStats
+}
+
+// Goodput returns successes that finished within their deadline.
+func (s RouteStats) Goodput() uint64 {
+	ok := s.Settled[OutcomeSucceeded]
+	if s.Late > ok {
+		return 0 // a snapshot read between the two counters
+	}
+	return ok - s.Late
+}
+
+// WindowStats is a snapshot of a route's window.
+type WindowStats struct {
+	// InUse and InUseBytes are the capacity held now.
+	InUse      int
+	InUseBytes int64
+	// Peak and PeakBytes are the most ever held at once.
+	Peak      int
+	PeakBytes int64
+	// Limit is the message limit in force: Window.Messages, or what the
+	// route's AdaptiveLimit set.
+	Limit int
+	// Adaptive reports whether Limit is driven by an AdaptiveLimit.
+	Adaptive bool
+	// Blocked is the total time the route waited for window capacity: the
+	// backpressure signal. BudgetBlocked is the part of it spent waiting
+	// for the process-wide Budget while the window itself had room.
+	Blocked       time.Duration
+	BudgetBlocked time.Duration
+}
+
+// ErrorStats counts what went wrong on a route.
+type ErrorStats struct {
+	// Handler counts handler runs that returned an error or panicked;
+	// Panics the panics among them.
+	Handler uint64
+	Panics  uint64
+	// MalformedDeadlines counts deadline headers that could not be parsed;
+	// MalformedCriticality criticality headers that named no class.
+	MalformedDeadlines   uint64
+	MalformedCriticality uint64
+	// Settle counts settlements the broker refused or never confirmed
+	// (the broker redelivers those messages).
+	Settle uint64
+	// Fetch counts failed fetches; DeadLetter failed dead-letter writes.
+	Fetch      uint64
+	DeadLetter uint64
+	// Last is the text of the last of these errors (fetch, settlement,
+	// dead-letter write), and LastAt when it happened; "" if none.
+	Last   string
+	LastAt time.Time
+}
+
+// OverloadStats counts a route's overload decisions.
+type OverloadStats struct {
 	// Shed counts shed decisions by reason and message class (indexed by
-	// ShedReason, then backpressure.Criticality). Each shed message ends in
-	// one outcome: Settled[OutcomeShed], except a shed on the broker's last
-	// delivery (DeliveryLimiter) with a DeadLetter sink, which is
-	// dead-lettered with class ClassShed and counted in
-	// Settled[OutcomeDeadLettered] (or OutcomeDLQFailed). So the sum of Shed
-	// is Settled[OutcomeShed] plus those.
+	// ShedReason, then backpressure.Criticality). Each shed message ends
+	// in one outcome: OutcomeShed, except a shed on the broker's last
+	// delivery (SourceInfo.MaxDeliver), which is dead-lettered with class
+	// ClassShed.
 	Shed [numShedReasons][4]uint64
 	// RetryBudgetExhausted counts retryable failures the route's
 	// RetryBudget refused to retry.
@@ -89,25 +171,10 @@ type RouteStats struct {
 	// ThrottleProbability is the route Throttle's current local reject
 	// probability (0 without a Throttle).
 	ThrottleProbability float64
-	// ThrottleRefused counts window slots the route's Throttle kept the
-	// fetch loop from filling.
+	// ThrottleRefused counts window slots the Throttle kept the fetch loop
+	// from filling.
 	ThrottleRefused uint64
-	// WindowLimit is the message limit in force: MaxInFlight, or what the
-	// route's AdaptiveLimit set.
-	WindowLimit int
-	// Adaptive reports whether WindowLimit is driven by an AdaptiveLimit.
-	Adaptive bool
-
-	InFlight, PeakInFlight           int
-	InFlightBytes, PeakInFlightBytes int64
-	// Blocked is the total time the route waited for window capacity.
-	Blocked time.Duration
-	// OldestInFlight is how long the oldest in-flight message has been held.
-	OldestInFlight time.Duration
 }
-
-// Goodput returns successes that finished within their deadline.
-func (s RouteStats) Goodput() uint64 { return s.Settled[OutcomeSucceeded] - s.Late }
 
 // Observer receives each route once at New, with a function that snapshots
 // its stats (read it at scrape time), and returns where handler timings go.
@@ -128,16 +195,18 @@ type counters struct {
 	handlerErrors atomic.Uint64
 	panics        atomic.Uint64
 	malformed     atomic.Uint64
+	badCrit       atomic.Uint64
 	settleErrors  atomic.Uint64
 	fetchErrors   atomic.Uint64
+	dlqErrors     atomic.Uint64
 	keepAlives    atomic.Uint64
 	shed          [numShedReasons][4]atomic.Uint64
 	budgetOut     atomic.Uint64
 	throttled     atomic.Uint64
 }
 
-// inflight tracks every held message, for the oldest-age metric, keep-alive
-// and shutdown.
+// inflight is the set of messages a route holds, for keep-alive, the
+// oldest-age stat and shutdown.
 type inflight struct {
 	mu    sync.Mutex
 	items []*Message
@@ -167,7 +236,13 @@ func (f *inflight) remove(m *Message) {
 	f.mu.Unlock()
 }
 
-// each calls fn for every held message, outside the lock.
+func (f *inflight) len() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.n
+}
+
+// snapshot returns the held messages, to use outside the lock.
 func (f *inflight) snapshot() []*Message {
 	f.mu.Lock()
 	out := make([]*Message, 0, f.n)

@@ -18,8 +18,8 @@ import (
 	"github.com/sluice-go/sluice/backpressure"
 	"github.com/sluice-go/sluice/consumer"
 	"github.com/sluice-go/sluice/deploy"
-	"github.com/sluice-go/sluice/internal/memsource"
 	"github.com/sluice-go/sluice/metrics"
+	"github.com/sluice-go/sluice/sluicetest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -46,11 +46,19 @@ func exported(t *testing.T) map[string][]string {
 	}
 	noop := func(context.Context, *consumer.Message) error { return nil }
 	_, err = consumer.New(consumer.Options{Observer: obs}, consumer.Route{
-		Name: "orders", Source: memsource.New(), Workers: 1, MaxInFlight: 4, MaxInFlightBytes: 1 << 20,
-		Criticality: backpressure.Critical, Handler: noop,
+		Name:     "orders",
+		Source:   sluicetest.NewSource(),
+		Workers:  1,
+		Handler:  noop,
+		Window:   consumer.WindowPolicy{Messages: 4, Bytes: 1 << 20},
+		Overload: consumer.OverloadPolicy{Criticality: backpressure.Critical},
 	}, consumer.Route{
-		Name: "reports", Source: memsource.New(), Workers: 1, MaxInFlight: 4, MaxInFlightBytes: 1 << 20,
-		AdaptiveLimit: adaptive, Handler: noop,
+		Name:     "reports",
+		Source:   sluicetest.NewSource(),
+		Workers:  1,
+		Handler:  noop,
+		Window:   consumer.WindowPolicy{Messages: 4, Bytes: 1 << 20},
+		Overload: consumer.OverloadPolicy{AdaptiveLimit: adaptive},
 	})
 	if err != nil {
 		t.Fatal(err)

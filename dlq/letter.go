@@ -48,6 +48,7 @@ const (
 	ClassExhausted = "exhausted" // retryable, but out of attempts
 	ClassOversize  = "oversize"  // larger than the route's byte window, by policy
 	ClassPanic     = "panic"     // the handler panicked on every attempt
+	ClassExpired   = "expired"   // its deadline passed, by policy (consumer.ExpiredDeadLetter)
 )
 
 // ErrMalformed is returned by Decode for a message that is not a dead letter

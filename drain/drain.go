@@ -179,13 +179,9 @@ func (s *Source) schedule(now time.Time, msgs []*consumer.Message) (at time.Time
 	return at, true
 }
 
-// AckWait forwards the wrapped source's consumer.AckWaiter (0 if it has
-// none), so the route keeps long handlers alive as it would unwrapped.
-func (s *Source) AckWait() time.Duration {
-	if aw, ok := s.inner.(consumer.AckWaiter); ok {
-		return aw.AckWait()
-	}
-	return 0
+// Attach implements consumer.Source by attaching the wrapped source: the
+// route's limits reach it, and its description (ack deadline, delivery
+// limit) reaches the route as it would unwrapped.
+func (s *Source) Attach(l consumer.RouteLimits) (consumer.SourceInfo, error) {
+	return s.inner.Attach(l)
 }
-
-var _ consumer.AckWaiter = (*Source)(nil)

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/sluice-go/sluice/consumer"
-	"github.com/sluice-go/sluice/internal/memsource"
+	"github.com/sluice-go/sluice/sluicetest"
 )
 
 var t0 = time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
@@ -24,7 +24,7 @@ func msgs(n int, published time.Time) []*consumer.Message {
 
 func newAt(t *testing.T, opts Options, now time.Time) *Source {
 	t.Helper()
-	s, err := New(memsource.New(), opts)
+	s, err := New(sluicetest.NewSource(), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,7 +73,7 @@ func TestScheduleEndsWhenCaughtUp(t *testing.T) {
 
 func TestNewRejects(t *testing.T) {
 	for _, o := range []Options{{}, {Rate: -1}, {Rate: math.NaN()}, {Rate: 1, Burst: -1}, {Rate: 1, CaughtUp: -1}} {
-		if _, err := New(memsource.New(), o); !errors.Is(err, ErrInvalidOption) {
+		if _, err := New(sluicetest.NewSource(), o); !errors.Is(err, ErrInvalidOption) {
 			t.Errorf("%+v: %v", o, err)
 		}
 	}
@@ -85,7 +85,7 @@ func TestNewRejects(t *testing.T) {
 // TestFetchPacesRealSource drains 60 messages at 200/s through Fetch: it
 // takes about 0.3 s, never more than a batch per fetch, and loses nothing.
 func TestFetchPacesRealSource(t *testing.T) {
-	src := memsource.New()
+	src := sluicetest.NewSource()
 	for i := range 60 {
 		src.Publish(strconv.Itoa(i), []byte("x"), nil, time.Now().Add(-time.Hour))
 	}
@@ -105,7 +105,7 @@ func TestFetchPacesRealSource(t *testing.T) {
 			t.Fatalf("fetch returned %d, batch is 4", len(ms))
 		}
 		for _, m := range ms {
-			if err := m.Acker.Ack(ctx); err != nil {
+			if err := sluicetest.Settle(ctx, m, consumer.Settlement{Op: consumer.SettleAck}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -120,7 +120,7 @@ func TestFetchPacesRealSource(t *testing.T) {
 // TestFetchCancelledReturnsBatch: a cancelled wait hands the fetched batch
 // over instead of dropping it.
 func TestFetchCancelledReturnsBatch(t *testing.T) {
-	src := memsource.New()
+	src := sluicetest.NewSource()
 	for i := range 3 {
 		src.Publish(strconv.Itoa(i), []byte("x"), nil, time.Time{})
 	}

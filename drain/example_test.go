@@ -6,14 +6,16 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/sluice-go/sluice/consumer"
 	"github.com/sluice-go/sluice/drain"
-	"github.com/sluice-go/sluice/internal/memsource"
+	"github.com/sluice-go/sluice/sluicetest"
 )
 
-// A route's source, drained at 1000 messages/s until it catches up with
-// messages younger than 5 s.
+// A route drains its own backlog at 1000 messages/s until it catches up
+// with messages younger than 5 s, instead of hitting its downstream with
+// the whole backlog at once after an outage.
 func Example() {
-	backlog := memsource.New()
+	backlog := sluicetest.NewSource() // an adapter's Source in real use
 	for i := range 50 {
 		backlog.Publish(strconv.Itoa(i), []byte("x"), nil, time.Now().Add(-time.Hour))
 	}
@@ -21,11 +23,19 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	// consumer.Route{Source: src, Criticality: backpressure.Sheddable, ...}
-	ms, _ := src.Fetch(context.Background(), 64, 1<<20)
-	fmt.Println(len(ms), "messages in the first batch; draining:", src.Draining())
-	for _, m := range ms {
-		_ = m.Acker.Ack(context.Background())
+	c, err := consumer.New(consumer.Options{}, consumer.Route{
+		Name: "orders", Source: src,
+		Handler: func(context.Context, *consumer.Message) error { return nil },
+	})
+	if err != nil {
+		panic(err)
 	}
-	// Output: 20 messages in the first batch; draining: true
+	stats, err := sluicetest.RunUntil(context.Background(), c, 10*time.Second, func(s []consumer.RouteStats) bool {
+		return s[0].Settled[consumer.OutcomeSucceeded] == 50
+	})
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println(stats[0].Settled[consumer.OutcomeSucceeded], "handled; still draining:", src.Draining())
+	// Output: 50 handled; still draining: true
 }

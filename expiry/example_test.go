@@ -8,7 +8,7 @@ import (
 )
 
 func ExamplePolicy_Deadline() {
-	p := expiry.Policy{UseHeader: true, MaxAge: 30 * time.Second, Skew: time.Second}
+	p := expiry.Policy{MaxAge: 30 * time.Second, Skew: time.Second}
 	published := time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
 	header := expiry.FormatDeadline(published.Add(5 * time.Second))
 

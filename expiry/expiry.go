@@ -34,14 +34,16 @@ const (
 	MalformedExpired
 )
 
-// Policy is a route's expiry policy. The zero value means "no deadline": no
-// header is read and nothing expires.
+// Policy is a route's expiry policy. The zero value reads absolute
+// deadlines from the DefaultHeader header (producers set it with
+// FormatDeadline) and sets no age limit; a message without the header has
+// no deadline. Set IgnoreHeader (and leave MaxAge 0) for a route where
+// nothing ever expires.
 type Policy struct {
-	// Header names the absolute-deadline header. "" disables header
-	// deadlines unless UseHeader is set, in which case DefaultHeader is read.
+	// Header names the absolute-deadline header. "" means DefaultHeader.
 	Header string
-	// UseHeader reads DefaultHeader when Header is "".
-	UseHeader bool
+	// IgnoreHeader turns header deadlines off: only MaxAge applies.
+	IgnoreHeader bool
 	// MaxAge is the longest a message may live after its broker publish
 	// time. 0 means no age limit. Negative is invalid.
 	MaxAge time.Duration
@@ -72,13 +74,13 @@ func (p Policy) Validate() error {
 func (p Policy) Enabled() bool { return p.MaxAge > 0 || p.headerName() != "" }
 
 func (p Policy) headerName() string {
-	if p.Header != "" {
+	switch {
+	case p.IgnoreHeader:
+		return ""
+	case p.Header != "":
 		return p.Header
 	}
-	if p.UseHeader {
-		return DefaultHeader
-	}
-	return ""
+	return DefaultHeader
 }
 
 // HeaderName returns the header the policy reads, or "" for none.
@@ -123,8 +125,8 @@ func Expired(deadline, now time.Time) bool {
 }
 
 // ParseDeadline parses an absolute deadline: RFC 3339 (fractional seconds
-// allowed) or integer Unix milliseconds. Anything else, including an empty
-// string, reports ErrMalformed.
+// allowed) or integer Unix milliseconds, after 1970. Anything else (an
+// empty string, Go's zero time, 0) reports ErrMalformed.
 func ParseDeadline(s string) (time.Time, error) {
 	s = strings.TrimSpace(s)
 	if s == "" {
@@ -133,7 +135,9 @@ func ParseDeadline(s string) (time.Time, error) {
 	if c := s[0]; c >= '0' && c <= '9' && !strings.ContainsAny(s, "-:T") {
 		ms, err := strconv.ParseInt(s, 10, 64)
 		// Reject values that would overflow time arithmetic.
-		if err != nil || ms > 1<<50 {
+		// 0 (the epoch) is what a producer writes for a zero time.Time: a
+		// mistake, not a deadline in 1970.
+		if err != nil || ms > 1<<50 || ms <= 0 {
 			return time.Time{}, fmt.Errorf("%w: %q is not Unix milliseconds", ErrMalformed, truncate(s))
 		}
 		return time.UnixMilli(ms), nil
@@ -141,6 +145,12 @@ func ParseDeadline(s string) (time.Time, error) {
 	t, err := time.Parse(time.RFC3339Nano, s)
 	if err != nil {
 		return time.Time{}, fmt.Errorf("%w: %q is not RFC 3339", ErrMalformed, truncate(s))
+	}
+	if t.Unix() <= 0 {
+		// Go's zero time (0001-01-01T00:00:00Z) or anything before the
+		// epoch is a producer's mistake; read as "no deadline" it would
+		// also switch off MaxAge.
+		return time.Time{}, fmt.Errorf("%w: %q is not a plausible deadline", ErrMalformed, truncate(s))
 	}
 	return t, nil
 }

@@ -9,7 +9,7 @@ import (
 var t0 = time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
 
 func TestDeadlineFromHeaderAndMaxAge(t *testing.T) {
-	p := Policy{UseHeader: true, MaxAge: time.Minute}
+	p := Policy{MaxAge: time.Minute}
 	// Header earlier than publish+MaxAge wins.
 	d, err := p.Deadline(FormatDeadline(t0.Add(10*time.Second)), true, t0)
 	if err != nil || !d.Equal(t0.Add(10*time.Second)) {
@@ -25,14 +25,46 @@ func TestDeadlineFromHeaderAndMaxAge(t *testing.T) {
 	if !d.Equal(t0.Add(time.Minute)) {
 		t.Fatalf("got %v", d)
 	}
-	// Nothing configured: no deadline.
-	if d, _ := (Policy{}).Deadline("123", true, t0); !d.IsZero() {
-		t.Fatalf("zero policy produced %v", d)
+	// Headers off and no MaxAge: no deadline.
+	off := Policy{IgnoreHeader: true}
+	if d, _ := off.Deadline(FormatDeadline(t0), true, t0); !d.IsZero() || off.Enabled() {
+		t.Fatalf("IgnoreHeader policy produced %v (enabled %v)", d, off.Enabled())
+	}
+}
+
+// The zero Policy is protection by default: it reads DefaultHeader.
+func TestZeroPolicyReadsTheHeader(t *testing.T) {
+	var p Policy
+	if !p.Enabled() || p.HeaderName() != DefaultHeader {
+		t.Fatalf("zero policy: enabled %v, header %q", p.Enabled(), p.HeaderName())
+	}
+	d, err := p.Deadline(FormatDeadline(t0), true, t0.Add(-time.Hour))
+	if err != nil || !d.Equal(t0) {
+		t.Fatalf("got %v %v", d, err)
+	}
+	if d, _ := p.Deadline("", false, t0); !d.IsZero() {
+		t.Fatalf("no header, no MaxAge: deadline %v", d)
+	}
+}
+
+// A producer that writes Go's zero time or 0 made a mistake: read as "no
+// deadline" it would also switch off MaxAge, so it is malformed and MaxAge
+// still applies.
+func TestZeroTimeDeadlineIsMalformed(t *testing.T) {
+	p := Policy{MaxAge: time.Minute}
+	for _, s := range []string{"0001-01-01T00:00:00Z", "0", "1970-01-01T00:00:00Z", "1960-05-01T00:00:00Z"} {
+		d, err := p.Deadline(s, true, t0)
+		if !errors.Is(err, ErrMalformed) {
+			t.Errorf("%q accepted: %v", s, d)
+		}
+		if !d.Equal(t0.Add(time.Minute)) {
+			t.Errorf("%q: deadline %v, want publish + MaxAge", s, d)
+		}
 	}
 }
 
 func TestSkewAllowance(t *testing.T) {
-	p := Policy{UseHeader: true, Skew: 2 * time.Second}
+	p := Policy{Skew: 2 * time.Second}
 	d, _ := p.Deadline(FormatDeadline(t0), true, time.Time{})
 	if Expired(d, t0.Add(time.Second)) {
 		t.Fatal("expired within the skew allowance")
@@ -46,12 +78,12 @@ func TestSkewAllowance(t *testing.T) {
 }
 
 func TestMalformedPolicies(t *testing.T) {
-	ign := Policy{UseHeader: true, MaxAge: time.Minute}
+	ign := Policy{MaxAge: time.Minute}
 	d, err := ign.Deadline("next tuesday", true, t0)
 	if !errors.Is(err, ErrMalformed) || !d.Equal(t0.Add(time.Minute)) {
 		t.Fatalf("ignore: %v %v", d, err)
 	}
-	exp := Policy{UseHeader: true, OnMalformed: MalformedExpired}
+	exp := Policy{OnMalformed: MalformedExpired}
 	d, err = exp.Deadline("garbage", true, t0)
 	if !errors.Is(err, ErrMalformed) || !Expired(d, t0) {
 		t.Fatalf("expired policy: %v %v", d, err)
@@ -97,7 +129,7 @@ func FuzzParseDeadline(f *testing.F) {
 		}
 		// Any accepted deadline must survive arithmetic with skew.
 		_ = Expired(d.Add(time.Hour), time.Now())
-		p := Policy{UseHeader: true, MaxAge: time.Second, Skew: time.Second}
+		p := Policy{MaxAge: time.Second, Skew: time.Second}
 		if _, err := p.Deadline(s, true, time.Now()); err != nil {
 			t.Fatalf("Deadline rejected what ParseDeadline accepted: %v", err)
 		}

@@ -9,8 +9,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/sluice-go/sluice/consumer"
-	"github.com/sluice-go/sluice/internal/memsource"
 	"github.com/sluice-go/sluice/metrics"
+	"github.com/sluice-go/sluice/sluicetest"
 )
 
 func Example() {
@@ -19,25 +19,26 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	src := memsource.New()
+	src := sluicetest.NewSource()
 	for i := range 3 {
 		src.Publish(fmt.Sprint(i), []byte("hello"), nil, time.Now())
 	}
 	c, err := consumer.New(consumer.Options{Observer: obs}, consumer.Route{
-		Name: "greetings", Source: src, Workers: 1, MaxInFlight: 4, MaxInFlightBytes: 1 << 20,
+		Name:    "greetings",
+		Source:  src,
+		Workers: 1,
 		Handler: func(context.Context, *consumer.Message) error { return nil },
+		Window:  consumer.WindowPolicy{Messages: 4, Bytes: 1 << 20},
 	})
 	if err != nil {
 		panic(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	for c.Stats()[0].Settled[consumer.OutcomeSucceeded] < 3 {
-		time.Sleep(time.Millisecond)
+	_, err = sluicetest.RunUntil(context.Background(), c, 10*time.Second, func(s []consumer.RouteStats) bool {
+		return s[0].Settled[consumer.OutcomeSucceeded] == 3
+	})
+	if err != nil {
+		panic(err)
 	}
-	cancel()
-	<-done
 
 	n, _ := testutil.GatherAndCount(reg, "sluice_handler_duration_seconds")
 	mfs, _ := reg.Gather()
@@ -49,5 +50,5 @@ func Example() {
 	fmt.Println("latency series:", n)
 	// Output:
 	// fetched: 3
-	// latency series: 9
+	// latency series: 10
 }

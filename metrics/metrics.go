@@ -90,10 +90,10 @@ type collector struct {
 	mu     sync.Mutex
 	routes []routeEntry
 
-	fetched, settled, goodput, late, handlerErrors, panics, malformed,
-	settleErrors, fetchErrors, keepAlives,
+	fetched, settled, goodput, late, handlerErrors, panics, malformed, badCrit,
+	settleErrors, fetchErrors, dlqErrors, lastError, keepAlives, held,
 	inUseMsgs, limitMsgs, inUseBytes, limitBytes, peakMsgs, peakBytes,
-	blocked, oldest *prometheus.Desc
+	blocked, budgetBlocked, oldest *prometheus.Desc
 	shed, budgetOut, throttleP, throttled, adaptive *prometheus.Desc
 	outcomes                                        []consumer.Outcome
 	reasons                                         []consumer.ShedReason
@@ -112,9 +112,13 @@ func newCollector(cl prometheus.Labels) *collector {
 		handlerErrors: d("handler_errors_total", "Handler runs that returned an error or panicked."),
 		panics:        d("panics_total", "Handler runs that panicked."),
 		malformed:     d("malformed_deadlines_total", "Deadline headers that could not be parsed."),
-		settleErrors:  d("settle_errors_total", "Ack/Nak/Term calls the broker refused."),
+		badCrit:       d("malformed_criticality_total", "Criticality headers that named no class."),
+		settleErrors:  d("settle_errors_total", "Settlements the broker refused or never confirmed."),
 		fetchErrors:   d("fetch_errors_total", "Failed fetches."),
-		keepAlives:    d("keepalives_total", "InProgress calls for long-running messages."),
+		dlqErrors:     d("dead_letter_errors_total", "Failed dead-letter writes."),
+		lastError:     d("last_error_timestamp_seconds", "When the route last recorded a fetch, settlement or dead-letter error (Unix seconds; 0: never). The text is in RouteStats.Errors.Last and the Logger."),
+		keepAlives:    d("keepalives_total", "InProgress calls for held messages."),
+		held:          d("held_messages", "Messages the route holds: queued, running, waiting for the window or for a settlement's confirmation."),
 		inUseMsgs:     d("window_in_use_messages", "Messages held in the route's window."),
 		limitMsgs:     d("window_limit_messages", "The route window's message limit."),
 		inUseBytes:    d("window_in_use_bytes", "Bytes held in the route's window."),
@@ -122,7 +126,8 @@ func newCollector(cl prometheus.Labels) *collector {
 		peakMsgs:      d("window_peak_messages", "Most messages ever held in the route's window."),
 		peakBytes:     d("window_peak_bytes", "Most bytes ever held in the route's window."),
 		blocked:       d("window_blocked_seconds_total", "Time spent waiting for window capacity."),
-		oldest:        d("oldest_inflight_seconds", "Age of the oldest in-flight message."),
+		budgetBlocked: d("budget_blocked_seconds_total", "Part of the window wait spent on the process-wide byte budget while the window itself had room."),
+		oldest:        d("oldest_inflight_seconds", "Age of the oldest message the route holds."),
 		shed:          d("shed_total", "Messages shed by an overload policy, by reason and message class.", "reason", "class"),
 		budgetOut:     d("retry_budget_exhausted_total", "Retryable failures the retry budget refused to retry."),
 		throttleP:     d("throttle_probability", "Local reject probability of the route's adaptive throttle."),
@@ -141,8 +146,8 @@ func (c *collector) add(info consumer.RouteInfo, stats func() consumer.RouteStat
 
 func (c *collector) descs() []*prometheus.Desc {
 	return []*prometheus.Desc{c.fetched, c.settled, c.goodput, c.late, c.handlerErrors, c.panics,
-		c.malformed, c.settleErrors, c.fetchErrors, c.keepAlives, c.inUseMsgs, c.limitMsgs,
-		c.inUseBytes, c.limitBytes, c.peakMsgs, c.peakBytes, c.blocked, c.oldest,
+		c.malformed, c.badCrit, c.settleErrors, c.fetchErrors, c.dlqErrors, c.lastError, c.keepAlives, c.held,
+		c.inUseMsgs, c.limitMsgs, c.inUseBytes, c.limitBytes, c.peakMsgs, c.peakBytes, c.blocked, c.budgetBlocked, c.oldest,
 		c.shed, c.budgetOut, c.throttleP, c.throttled, c.adaptive}
 }
 
@@ -172,30 +177,40 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		}
 		cnt(c.goodput, float64(s.Goodput()))
 		cnt(c.late, float64(s.Late))
-		cnt(c.handlerErrors, float64(s.HandlerErrors))
-		cnt(c.panics, float64(s.Panics))
-		cnt(c.malformed, float64(s.MalformedDeadlines))
-		cnt(c.settleErrors, float64(s.SettleErrors))
-		cnt(c.fetchErrors, float64(s.FetchErrors))
+		e, w, o := &s.Errors, &s.Window, &s.Overload
+		cnt(c.handlerErrors, float64(e.Handler))
+		cnt(c.panics, float64(e.Panics))
+		cnt(c.malformed, float64(e.MalformedDeadlines))
+		cnt(c.badCrit, float64(e.MalformedCriticality))
+		cnt(c.settleErrors, float64(e.Settle))
+		cnt(c.fetchErrors, float64(e.Fetch))
+		cnt(c.dlqErrors, float64(e.DeadLetter))
+		var last float64
+		if !e.LastAt.IsZero() {
+			last = float64(e.LastAt.UnixNano()) / 1e9
+		}
+		gauge(c.lastError, last)
 		cnt(c.keepAlives, float64(s.KeepAlives))
-		gauge(c.inUseMsgs, float64(s.InFlight))
-		gauge(c.limitMsgs, float64(s.MaxInFlight))
-		gauge(c.inUseBytes, float64(s.InFlightBytes))
-		gauge(c.limitBytes, float64(s.MaxInFlightBytes))
-		gauge(c.peakMsgs, float64(s.PeakInFlight))
-		gauge(c.peakBytes, float64(s.PeakInFlightBytes))
-		cnt(c.blocked, s.Blocked.Seconds())
-		gauge(c.oldest, s.OldestInFlight.Seconds())
+		gauge(c.held, float64(s.Held))
+		gauge(c.inUseMsgs, float64(w.InUse))
+		gauge(c.limitMsgs, float64(s.WindowMessages))
+		gauge(c.inUseBytes, float64(w.InUseBytes))
+		gauge(c.limitBytes, float64(s.WindowBytes))
+		gauge(c.peakMsgs, float64(w.Peak))
+		gauge(c.peakBytes, float64(w.PeakBytes))
+		cnt(c.blocked, w.Blocked.Seconds())
+		cnt(c.budgetBlocked, w.BudgetBlocked.Seconds())
+		gauge(c.oldest, s.OldestHeld.Seconds())
 		for _, reason := range c.reasons {
 			for class := backpressure.Sheddable; class <= backpressure.CriticalPlus; class++ {
-				cnt(c.shed, float64(s.Shed[reason][class]), reason.String(), class.String())
+				cnt(c.shed, float64(o.Shed[reason][class]), reason.String(), class.String())
 			}
 		}
-		cnt(c.budgetOut, float64(s.RetryBudgetExhausted))
-		gauge(c.throttleP, s.ThrottleProbability)
-		cnt(c.throttled, float64(s.ThrottleRefused))
-		if s.Adaptive {
-			gauge(c.adaptive, float64(s.WindowLimit))
+		cnt(c.budgetOut, float64(o.RetryBudgetExhausted))
+		gauge(c.throttleP, o.ThrottleProbability)
+		cnt(c.throttled, float64(o.ThrottleRefused))
+		if w.Adaptive {
+			gauge(c.adaptive, float64(w.Limit))
 		}
 	}
 }

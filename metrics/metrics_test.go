@@ -14,8 +14,8 @@ import (
 
 	"github.com/sluice-go/sluice/backpressure"
 	"github.com/sluice-go/sluice/consumer"
-	"github.com/sluice-go/sluice/internal/memsource"
 	"github.com/sluice-go/sluice/metrics"
+	"github.com/sluice-go/sluice/sluicetest"
 )
 
 func TestConsumerMetrics(t *testing.T) {
@@ -25,13 +25,14 @@ func TestConsumerMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	src := memsource.New()
+	src := sluicetest.NewSource()
 	for i := range n {
 		src.Publish(fmt.Sprintf("m%d", i), []byte("x"), nil, time.Now())
 	}
 	c, err := consumer.New(consumer.Options{Observer: obs}, consumer.Route{
-		Name: "orders", Source: src, Workers: 4, MaxInFlight: 8, MaxInFlightBytes: 1 << 20,
-		Criticality: backpressure.Critical,
+		Name:    "orders",
+		Source:  src,
+		Workers: 4,
 		Handler: func(_ context.Context, m *consumer.Message) error {
 			var i int
 			fmt.Sscanf(string(m.Key), "m%d", &i)
@@ -40,6 +41,8 @@ func TestConsumerMetrics(t *testing.T) {
 			}
 			return nil
 		},
+		Window:   consumer.WindowPolicy{Messages: 8, Bytes: 1 << 20},
+		Overload: consumer.OverloadPolicy{Criticality: backpressure.Critical},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -137,8 +140,8 @@ func TestConstLabels(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	obs.ObserveRoute(consumer.RouteInfo{Name: "r", MaxInFlight: 3}, func() consumer.RouteStats {
-		return consumer.RouteStats{RouteInfo: consumer.RouteInfo{Name: "r", MaxInFlight: 3}}
+	obs.ObserveRoute(consumer.RouteInfo{Name: "r", WindowMessages: 3}, func() consumer.RouteStats {
+		return consumer.RouteStats{RouteInfo: consumer.RouteInfo{Name: "r", WindowMessages: 3}}
 	}).HandlerDone(consumer.OutcomeSucceeded, time.Millisecond)
 	want := `
 # HELP sluice_window_limit_messages The route window's message limit.

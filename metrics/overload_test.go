@@ -18,11 +18,12 @@ func TestOverloadMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	info := consumer.RouteInfo{Name: "r", Criticality: backpressure.Critical, MaxInFlight: 16}
-	s := consumer.RouteStats{RouteInfo: info, RetryBudgetExhausted: 7, ThrottleProbability: 0.25,
-		ThrottleRefused: 40, WindowLimit: 5, Adaptive: true}
-	s.Shed[consumer.ShedQueueFull][backpressure.Sheddable] = 3
-	s.Shed[consumer.ShedNearDeadline][backpressure.Critical] = 2
+	info := consumer.RouteInfo{Name: "r", Criticality: backpressure.Critical, WindowMessages: 16}
+	s := consumer.RouteStats{RouteInfo: info,
+		Overload: consumer.OverloadStats{RetryBudgetExhausted: 7, ThrottleProbability: 0.25, ThrottleRefused: 40},
+		Window:   consumer.WindowStats{Limit: 5, Adaptive: true}}
+	s.Overload.Shed[consumer.ShedQueueFull][backpressure.Sheddable] = 3
+	s.Overload.Shed[consumer.ShedNearDeadline][backpressure.Critical] = 2
 	obs.ObserveRoute(info, func() consumer.RouteStats { return s })
 	want := `
 # HELP sluice_adaptive_limit Message limit in force set by the route's adaptive concurrency limit.

@@ -17,8 +17,8 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	kafkaadapter "github.com/sluice-go/sluice/adapters/kafka"
+	"github.com/sluice-go/sluice/adapters/kafka/kafkatest"
 	"github.com/sluice-go/sluice/consumer"
-	"github.com/sluice-go/sluice/internal/kafkatest"
 )
 
 // The drain benchmarks consume a backlog of b.N messages of 256 B on 4
@@ -96,16 +96,15 @@ func drainRaw(b *testing.B, topic string, n int, first func()) {
 }
 
 func drainSluice(b *testing.B, topic string, n int, first func()) {
-	drainSluiceWindow(b, topic, n, kafkaadapter.Window{Messages: 1024, Bytes: 4 << 20}, first)
+	drainSluiceWindow(b, topic, n, consumer.WindowPolicy{Messages: 1024, Bytes: 4 << 20}, first)
 }
 
 // drainSluiceWindow consumes n messages through a route with window w and
 // returns the window plus the Source's bound in bytes.
-func drainSluiceWindow(b *testing.B, topic string, n int, w kafkaadapter.Window, first func()) int64 {
+func drainSluiceWindow(b *testing.B, topic string, n int, w consumer.WindowPolicy, first func()) int64 {
 	var done atomic.Int64
 	started, finished := make(chan struct{}), make(chan struct{})
 	cfg := testConfig(kafkatest.UniqueName("drain"), topic)
-	cfg.Window = w
 	cfg.CommitInterval = time.Second
 	src, err := kafkaadapter.NewSource(cfg)
 	if err != nil {
@@ -113,7 +112,9 @@ func drainSluiceWindow(b *testing.B, topic string, n int, w kafkaadapter.Window,
 	}
 	defer src.Close()
 	c, err := consumer.New(consumer.Options{}, consumer.Route{
-		Name: "drain", Source: src, Workers: 4, MaxInFlight: w.Messages, MaxInFlightBytes: w.Bytes,
+		Name:    "drain",
+		Source:  src,
+		Workers: 4,
 		Handler: func(ctx context.Context, m *consumer.Message) error {
 			v := done.Add(1)
 			if v == 1 {
@@ -124,6 +125,7 @@ func drainSluiceWindow(b *testing.B, topic string, n int, w kafkaadapter.Window,
 			}
 			return nil
 		},
+		Window: w,
 	})
 	if err != nil {
 		b.Fatal(err)
@@ -165,7 +167,7 @@ func BenchmarkMemoryBacklog(b *testing.B) {
 				produceN(b, topic, backlog, 1024, nil)
 				peak, base, stop := sampleLiveHeap()
 				b.StartTimer()
-				bound := drainSluiceWindow(b, topic, backlog, kafkaadapter.Window{Messages: 512, Bytes: 1 << 20}, func() {})
+				bound := drainSluiceWindow(b, topic, backlog, consumer.WindowPolicy{Messages: 512, Bytes: 1 << 20}, func() {})
 				stop()
 				b.ReportMetric(float64(int64(peak.Load())-int64(base))/(1<<20), "heap-growth-MiB")
 				b.ReportMetric(float64(bound)/(1<<20), "window+bound-MiB")
@@ -235,11 +237,7 @@ func BenchmarkIdleRoutes(b *testing.B) {
 			cfg := testConfig(kafkatest.UniqueName("idle"), topics[i])
 			cfg.Cluster = kc
 			cfg.HeartbeatInterval, cfg.FetchMaxWait, cfg.PollWait, cfg.CommitInterval = 0, 0, 0, 0 // the defaults
-			src, err := kafkaadapter.NewSource(cfg)
-			if err != nil {
-				b.Fatal(err)
-			}
-			srcs = append(srcs, src)
+			srcs = append(srcs, attachedSource(b, cfg, consumer.WindowPolicy{Messages: 16, Bytes: consumer.DefaultWindowBytes}))
 		}
 		for _, src := range srcs {
 			if err := src.Ready(ctx); err != nil {

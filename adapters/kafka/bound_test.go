@@ -13,9 +13,8 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	kafkaadapter "github.com/sluice-go/sluice/adapters/kafka"
+	"github.com/sluice-go/sluice/adapters/kafka/kafkatest"
 	"github.com/sluice-go/sluice/consumer"
-	"github.com/sluice-go/sluice/internal/kafkatest"
 )
 
 // produceBatched writes values to one partition the way librdkafka does
@@ -96,8 +95,8 @@ func TestBoundAndFairness(t *testing.T) {
 	var mu sync.Mutex
 	var order []int
 	cfg := testConfig(group, topic)
-	cfg.Window = kafkaadapter.Window{Messages: 8, Bytes: 64 << 10}
-	m := startMember(t, cfg, consumer.Route{Workers: 2, Handler: func(ctx context.Context, m *consumer.Message) error {
+	window := consumer.WindowPolicy{Messages: 8, Bytes: 64 << 10}
+	m := startMember(t, cfg, consumer.Route{Workers: 2, Window: window, Handler: func(ctx context.Context, m *consumer.Message) error {
 		mu.Lock()
 		order = append(order, int(m.Origin.Partition))
 		mu.Unlock()
@@ -119,9 +118,9 @@ func TestBoundAndFairness(t *testing.T) {
 			t.Errorf("partition %d: %d of the first 100 handled, want >= 20", p, c)
 		}
 	}
-	if st.PeakBuffered > cfg.Window.Messages || st.PeakBytes > cfg.Window.Bytes {
+	if st.PeakBuffered > window.Messages || st.PeakBytes > window.Bytes {
 		t.Errorf("held %d records / %d bytes at peak, above the prefetch %d / %d",
-			st.PeakBuffered, st.PeakBytes, cfg.Window.Messages, cfg.Window.Bytes)
+			st.PeakBuffered, st.PeakBytes, window.Messages, window.Bytes)
 	}
 	if len(order) < parts*perPart {
 		t.Errorf("handled %d of %d", len(order), parts*perPart)

@@ -23,24 +23,16 @@ const (
 	maxFetchBytes             = 1 << 20
 )
 
-// Window is the route's admission window, the same numbers as
-// consumer.Route MaxInFlight and MaxInFlightBytes. The Source sizes its
-// prefetch from it.
-type Window struct {
-	Messages int
-	Bytes    int64
-}
-
-// Config configures a group Source. Cluster, GroupID, Topics and Window
-// are required; every other zero value picks the default named.
+// Config configures a group Source. Cluster, GroupID and Topics are
+// required; every other zero value picks the default named. The route's
+// window is not stated here: the Source learns it when the route attaches
+// it (consumer.New), and sizes its prefetch from it.
 type Config struct {
 	// Cluster is the Kafka cluster to read (and write retries to). Sources,
 	// sinks and replay targets built from one *Cluster share its transport.
 	Cluster *Cluster
 	GroupID string
 	Topics  []string
-	// Window is the route's window (required, both > 0).
-	Window Window
 
 	// PrefetchMessages and PrefetchBytes bound what the Source holds that
 	// the route's window does not: fetched records not handed out yet and
@@ -126,8 +118,6 @@ func (c *Config) validate() error {
 		return bad("no GroupID")
 	case len(c.Topics) == 0:
 		return bad("no Topics")
-	case c.Window.Messages <= 0 || c.Window.Bytes <= 0:
-		return bad("Window must be > 0, got %d messages / %d bytes", c.Window.Messages, c.Window.Bytes)
 	case c.PrefetchMessages < 0 || c.PrefetchBytes < 0 || c.FetchMaxBytes < 0:
 		return bad("prefetch sizes must not be negative")
 	case c.FetchMaxWait < 0 || c.PollWait < 0 || c.CommitInterval < 0 || c.LocalRetryMaxDelay < 0:
@@ -150,16 +140,6 @@ func (c *Config) validate() error {
 			return bad("topic %q is empty or the RetryTopic", t)
 		}
 	}
-	if c.PrefetchMessages == 0 {
-		c.PrefetchMessages = c.Window.Messages
-	}
-	if c.PrefetchBytes == 0 {
-		c.PrefetchBytes = c.Window.Bytes
-	}
-	if c.FetchMaxBytes == 0 {
-		c.FetchMaxBytes = int(min(c.PrefetchBytes/4, maxFetchBytes))
-	}
-	c.FetchMaxBytes = int(max(1, min(int64(c.FetchMaxBytes), c.PrefetchBytes)))
 	if c.FetchMaxWait == 0 {
 		c.FetchMaxWait = DefaultFetchMaxWait
 	}
@@ -190,13 +170,28 @@ func (c *Config) validate() error {
 	return nil
 }
 
+// sizeFrom fills the prefetch numbers left at zero from the route's window.
+func (c *Config) sizeFrom(l consumer.RouteLimits) {
+	if c.PrefetchMessages == 0 {
+		c.PrefetchMessages = l.Messages
+	}
+	if c.PrefetchBytes == 0 {
+		c.PrefetchBytes = l.Bytes
+	}
+	if c.FetchMaxBytes == 0 {
+		c.FetchMaxBytes = int(min(c.PrefetchBytes/4, maxFetchBytes))
+	}
+	c.FetchMaxBytes = int(max(1, min(int64(c.FetchMaxBytes), c.PrefetchBytes)))
+}
+
 // ConfigFromReader builds a Config from a kafka-go group ReaderConfig
 // (GroupID, Brokers, GroupTopics or Topic, the Dialer's TLS, SASL, client
 // id and timeout as a new Cluster, StartOffset, session,
 // heartbeat and rebalance timing, CommitInterval, MaxBytes, MaxWait,
 // loggers), so an application that configured a kafka.Reader can move to a
-// Source without restating it. QueueCapacity is replaced by the window.
-func ConfigFromReader(rc kafka.ReaderConfig, window Window) Config {
+// Source without restating it. QueueCapacity is replaced by the route's
+// window.
+func ConfigFromReader(rc kafka.ReaderConfig) Config {
 	topics := rc.GroupTopics
 	if len(topics) == 0 && rc.Topic != "" {
 		topics = []string{rc.Topic}
@@ -206,7 +201,7 @@ func ConfigFromReader(rc kafka.ReaderConfig, window Window) Config {
 		cl.TLS, cl.SASL, cl.ClientID, cl.DialTimeout = d.TLS, d.SASLMechanism, d.ClientID, d.Timeout
 	}
 	c := Config{
-		Cluster: cl, GroupID: rc.GroupID, Topics: topics, Window: window,
+		Cluster: cl, GroupID: rc.GroupID, Topics: topics,
 		StartOffset:    rc.StartOffset,
 		SessionTimeout: rc.SessionTimeout, HeartbeatInterval: rc.HeartbeatInterval,
 		RebalanceTimeout: rc.RebalanceTimeout, CommitInterval: rc.CommitInterval,

@@ -9,8 +9,8 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	kafkaadapter "github.com/sluice-go/sluice/adapters/kafka"
+	"github.com/sluice-go/sluice/adapters/kafka/kafkatest"
 	"github.com/sluice-go/sluice/consumer"
-	"github.com/sluice-go/sluice/internal/kafkatest"
 )
 
 // A partition's messages finish out of order; only the offset below which
@@ -55,10 +55,9 @@ func ExampleNewSource() {
 		panic(err)
 	}
 
-	window := kafkaadapter.Window{Messages: 64, Bytes: 1 << 20}
 	src, err := kafkaadapter.NewSource(kafkaadapter.Config{
 		Cluster: c.Kafka(), GroupID: kafkatest.UniqueName("orders"), Topics: []string{topic},
-		Window: window, SessionTimeout: 6 * time.Second,
+		SessionTimeout: 6 * time.Second,
 	})
 	if err != nil {
 		panic(err)
@@ -68,14 +67,16 @@ func ExampleNewSource() {
 	var handled atomic.Int64
 	runCtx, stop := context.WithCancel(ctx)
 	cons, err := consumer.New(consumer.Options{}, consumer.Route{
-		Name: "orders", Source: src, Workers: 4,
-		MaxInFlight: window.Messages, MaxInFlightBytes: window.Bytes,
+		Name:    "orders",
+		Source:  src,
+		Workers: 4,
 		Handler: func(ctx context.Context, m *consumer.Message) error {
 			if handled.Add(1) == 3 {
 				stop()
 			}
 			return nil
 		},
+		Window: consumer.WindowPolicy{Messages: 64, Bytes: 1 << 20}, // the Source sizes its prefetch from it
 	})
 	if err != nil {
 		panic(err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -35,15 +36,52 @@ type feed struct {
 	groupErr atomic.Pointer[error]
 	stats    counters
 	out      []*record // Fetch scratch
+
+	// attach sizes buf from the route's window and calls start, once;
+	// started says start ran (Close then waits for done).
+	attachMu sync.Mutex
+	limits   consumer.RouteLimits
+	attached atomic.Bool
+	started  atomic.Bool
 }
 
 func (f *feed) init(cfg Config) {
-	f.cfg, f.clock, f.done, f.buf = cfg, cfg.Clock, make(chan struct{}), newBuffer(cfg.PrefetchMessages, cfg.PrefetchBytes)
+	f.cfg, f.clock, f.done = cfg, cfg.Clock, make(chan struct{})
 	if f.clock == nil {
 		f.clock = sysClock{}
 	}
 	f.ctx, f.cancel = context.WithCancel(context.Background())
 }
+
+// attach is both Sources' consumer.Source Attach: the prefetch is sized
+// from the route's window, then start runs the Source's goroutines (joins
+// the group, or starts reading from the wrapped Reader). A Source serves
+// one route; the same route may attach it again (a New that failed and is
+// retried).
+func (f *feed) attach(l consumer.RouteLimits, start func()) (consumer.SourceInfo, error) {
+	if f.closed.Load() {
+		return consumer.SourceInfo{}, fmt.Errorf("kafka source: %w", consumer.ErrClosed)
+	}
+	f.attachMu.Lock()
+	defer f.attachMu.Unlock()
+	if f.attached.Load() {
+		if f.limits != l {
+			return consumer.SourceInfo{}, fmt.Errorf("%w: kafka source already serves route %q", consumer.ErrInvalidOption, f.limits.Route)
+		}
+		return consumer.SourceInfo{}, nil
+	}
+	f.limits = l
+	f.cfg.sizeFrom(l)
+	f.buf = newBuffer(f.cfg.PrefetchMessages, f.cfg.PrefetchBytes)
+	f.attached.Store(true)
+	f.started.Store(true)
+	start()
+	return consumer.SourceInfo{}, nil
+}
+
+// maxDelay is the longest retry delay the route asks for (RouteLimits): a
+// retry-topic not-before further out is clamped to it.
+func (f *feed) maxDelay() time.Duration { return max(f.cfg.LocalRetryMaxDelay, f.limits.MaxDelay) }
 
 // record is one fetched message and, while handed out, its Acker.
 type record struct {
@@ -146,12 +184,12 @@ func (s *feed) Fetch(ctx context.Context, maxMessages int, maxBytes int64) ([]*c
 			out := make([]*consumer.Message, len(recs))
 			ms := make([]consumer.Message, len(recs))
 			for i, r := range recs {
-				ms[i] = consumer.Message{
-					Topic: r.origin.Topic, Key: r.key, Value: r.value, Headers: r.headers,
-					PublishedAt: r.time, Attempt: r.attempt, Size: r.size, Origin: r.origin,
-					FirstFailure: r.firstFailure, Acker: r,
-				}
-				out[i] = &ms[i]
+				m := &ms[i]
+				consumer.InitMessage(m, r)
+				m.Topic, m.Key, m.Value, m.Headers = r.origin.Topic, r.key, r.value, r.headers
+				m.PublishedAt, m.Attempt, m.Size, m.Origin = r.time, r.attempt, r.size, r.origin
+				m.FirstFailure = r.firstFailure
+				out[i] = m
 				recs[i] = nil
 			}
 			s.out = recs[:0]
@@ -209,23 +247,28 @@ func (r *record) settle() {
 	}
 }
 
-// Ack settles a processed message.
-func (r *record) Ack(context.Context) error { r.settle(); return nil }
-
-// Term settles a message that must not come back (dead-lettered, expired or
-// terminated by the consumer).
-func (r *record) Term(context.Context, string) error { r.settle(); return nil }
+// Settle implements consumer.Acker. An Ack or a Term (dead-lettered,
+// expired, terminated: it must not come back) marks the offset settled in
+// its partition's watermark; a Nak retries it (see nak).
+func (r *record) Settle(ctx context.Context, s consumer.Settlement) error {
+	if s.Op == consumer.SettleNak {
+		return r.nak(ctx, s.Delay)
+	}
+	r.part.gen.src.stats.settled.Add(1)
+	r.settle()
+	return nil
+}
 
 // InProgress does nothing: Kafka has no per-message ack deadline.
 func (r *record) InProgress(context.Context) error { return nil }
 
-// Nak puts the message back for another attempt without blocking its
+// nak puts the message back for another attempt without blocking its
 // partition: in process for delays up to LocalRetryMaxDelay, otherwise
 // (and when the buffer is full) through the retry topic if there is one.
 // The original is settled only after the retry topic acknowledged the copy;
 // a failed write keeps it in process. A message whose generation is over
 // is dropped: it is not committed, so it is delivered again.
-func (r *record) Nak(ctx context.Context, delay time.Duration) error {
+func (r *record) nak(ctx context.Context, delay time.Duration) error {
 	g := r.part.gen
 	s := g.src
 	if g.ending.Load() {

@@ -13,9 +13,9 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	kafkaadapter "github.com/sluice-go/sluice/adapters/kafka"
+	"github.com/sluice-go/sluice/adapters/kafka/kafkatest"
 	"github.com/sluice-go/sluice/consumer"
 	"github.com/sluice-go/sluice/dlq"
-	"github.com/sluice-go/sluice/internal/kafkatest"
 )
 
 func headerString(hs []kafka.Header) string {
@@ -56,8 +56,10 @@ func TestPartitionAndHeaderFidelity(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sink.Close()
-	m := startMember(t, testConfig(group, topic), consumer.Route{DeadLetter: sink,
-		Handler: func(context.Context, *consumer.Message) error { return consumer.Permanent(errors.New("poison")) }})
+	m := startMember(t, testConfig(group, topic), consumer.Route{
+		Handler:    func(context.Context, *consumer.Message) error { return consumer.Permanent(errors.New("poison")) },
+		DeadLetter: consumer.DeadLetterPolicy{Sink: sink},
+	})
 	waitFor(t, 30*time.Second, "all dead-lettered", func() bool { return committedAll(group, topic, end) })
 	m.stop(t)
 

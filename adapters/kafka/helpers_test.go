@@ -11,9 +11,10 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	kafkaadapter "github.com/sluice-go/sluice/adapters/kafka"
+	"github.com/sluice-go/sluice/adapters/kafka/kafkatest"
 	"github.com/sluice-go/sluice/consumer"
 	"github.com/sluice-go/sluice/dlq"
-	"github.com/sluice-go/sluice/internal/kafkatest"
+	"github.com/sluice-go/sluice/sluicetest"
 )
 
 // ledger records what happened to every message of one topic, by partition
@@ -204,11 +205,37 @@ func total(end map[int]int64) (n int64) {
 func testConfig(group string, topics ...string) kafkaadapter.Config {
 	return kafkaadapter.Config{
 		Cluster: cluster.Kafka(), GroupID: group, Topics: topics,
-		Window:         kafkaadapter.Window{Messages: 256, Bytes: 1 << 20},
 		SessionTimeout: 6 * time.Second, HeartbeatInterval: 250 * time.Millisecond,
 		RebalanceTimeout: 10 * time.Second, CommitInterval: 100 * time.Millisecond,
 		FetchMaxWait: 100 * time.Millisecond, PollWait: 200 * time.Millisecond,
 		RevokeGrace: 500 * time.Millisecond,
+	}
+}
+
+// testWindow is the route window tests use unless they say otherwise.
+var testWindow = consumer.WindowPolicy{Messages: 256, Bytes: 1 << 20}
+
+// attachedSource is a Source attached as a route with window w would
+// attach it (so it joins its group), for tests that drive Fetch and settle
+// messages themselves.
+func attachedSource(t testing.TB, cfg kafkaadapter.Config, w consumer.WindowPolicy) *kafkaadapter.Source {
+	t.Helper()
+	src, err := kafkaadapter.NewSource(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := src.Attach(consumer.RouteLimits{Route: "test", Messages: w.Messages, Bytes: w.Bytes, MaxAttempts: 3, MaxDelay: 30 * time.Second}); err != nil {
+		_ = src.Close()
+		t.Fatal(err)
+	}
+	return src
+}
+
+// settle settles m as a route would.
+func settle(t testing.TB, m *consumer.Message, s consumer.Settlement) {
+	t.Helper()
+	if err := sluicetest.Settle(context.Background(), m, s); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -230,14 +257,12 @@ func startMember(t testing.TB, cfg kafkaadapter.Config, route consumer.Route) *m
 	if route.Name == "" {
 		route.Name = "r"
 	}
-	if route.MaxInFlight == 0 {
-		route.MaxInFlight = cfg.Window.Messages
-		route.MaxInFlightBytes = cfg.Window.Bytes
+	if route.Window.Messages == 0 {
+		route.Window = testWindow
 	}
 	if route.Workers == 0 {
 		route.Workers = 8
 	}
-	route.Group = cfg.GroupID
 	c, err := consumer.New(consumer.Options{ShutdownGrace: 5 * time.Second}, route)
 	if err != nil {
 		_ = src.Close()

@@ -14,10 +14,10 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	kafkaadapter "github.com/sluice-go/sluice/adapters/kafka"
+	"github.com/sluice-go/sluice/adapters/kafka/kafkatest"
 	"github.com/sluice-go/sluice/consumer"
 	"github.com/sluice-go/sluice/dlq"
 	"github.com/sluice-go/sluice/expiry"
-	"github.com/sluice-go/sluice/internal/kafkatest"
 )
 
 // msgIndex reads the producer's index back from a value "i:...".
@@ -87,7 +87,7 @@ func TestLedger(t *testing.T) {
 			l.finish(m.Origin)
 			return nil
 		},
-		DeadLetter: sink,
+		DeadLetter: consumer.DeadLetterPolicy{Sink: sink},
 	})
 	waitFor(t, 40*time.Second, "all offsets committed", func() bool { return committedAll(group, topic, end) })
 	m.stop(t)
@@ -130,7 +130,7 @@ func TestCommitInvariant(t *testing.T) {
 	cfg.CommitEvery = 50
 	cfg.OnCommit = l.onCommit
 	m := startMember(t, cfg, consumer.Route{
-		Workers: 32, MaxInFlight: 128, MaxInFlightBytes: 1 << 20,
+		Workers: 32,
 		Handler: func(ctx context.Context, m *consumer.Message) error {
 			if rand.IntN(10) == 0 {
 				time.Sleep(time.Duration(rand.IntN(20)) * time.Millisecond)
@@ -138,6 +138,7 @@ func TestCommitInvariant(t *testing.T) {
 			l.finish(m.Origin)
 			return nil
 		},
+		Window: consumer.WindowPolicy{Messages: 128, Bytes: 1 << 20},
 	})
 	waitFor(t, 40*time.Second, "all offsets committed", func() bool { return committedAll(group, topic, end) })
 	m.stop(t)
@@ -168,7 +169,7 @@ func TestStuckPartition(t *testing.T) {
 	var released atomic.Bool
 	cfg := testConfig(group, topic)
 	m := startMember(t, cfg, consumer.Route{
-		Workers: 4, MaxInFlight: 64, MaxInFlightBytes: 1 << 20,
+		Workers: 4,
 		Handler: func(ctx context.Context, m *consumer.Message) error {
 			if m.Origin.Partition == 0 && m.Origin.Offset == stuckAt {
 				select {
@@ -179,6 +180,7 @@ func TestStuckPartition(t *testing.T) {
 			}
 			return nil
 		},
+		Window: consumer.WindowPolicy{Messages: 64, Bytes: 1 << 20},
 	})
 	defer func() {
 		if !released.Load() {
@@ -222,7 +224,7 @@ func TestRebalanceChurn(t *testing.T) {
 
 	route := func() consumer.Route {
 		return consumer.Route{
-			Workers: 8, MaxInFlight: 64, MaxInFlightBytes: 1 << 20,
+			Workers: 8,
 			Handler: func(ctx context.Context, m *consumer.Message) error {
 				d := time.Duration(500+rand.IntN(2000)) * time.Microsecond
 				if rand.IntN(500) == 0 {
@@ -232,6 +234,7 @@ func TestRebalanceChurn(t *testing.T) {
 				l.finish(m.Origin)
 				return nil
 			},
+			Window: consumer.WindowPolicy{Messages: 64, Bytes: 1 << 20},
 		}
 	}
 	cfg := testConfig(group, topic)
@@ -313,8 +316,12 @@ func TestDeadLetterWriteFails(t *testing.T) {
 		l.finish(m.Origin)
 		return nil
 	}
-	route := consumer.Route{Workers: 4, Handler: handler, DeadLetter: broken,
-		Retry: consumer.RetryPolicy{BaseDelay: 5 * time.Millisecond, MaxDelay: 20 * time.Millisecond}}
+	route := consumer.Route{
+		Workers:    4,
+		Handler:    handler,
+		Retry:      consumer.RetryPolicy{BaseDelay: 5 * time.Millisecond, MaxDelay: 20 * time.Millisecond},
+		DeadLetter: consumer.DeadLetterPolicy{Sink: broken},
+	}
 	cfg := testConfig(group, topic)
 	cfg.OnCommit = l.onCommit
 	m := startMember(t, cfg, route)
@@ -341,7 +348,7 @@ func TestDeadLetterWriteFails(t *testing.T) {
 
 	dlqTopic := cluster.Topic(t, "dlqfail-dlq", 1)
 	sink, letters := recordingSink(t, dlqTopic, l)
-	route.DeadLetter = sink
+	route.DeadLetter.Sink = sink
 	m2 := startMember(t, cfg, route)
 	waitFor(t, 30*time.Second, "all committed after restart", func() bool { return committedAll(group, topic, end) })
 	m2.stop(t)
@@ -418,8 +425,8 @@ func TestPrefetchBound(t *testing.T) {
 	end := produceN(t, topic, n, size, nil)
 	release := make(chan struct{})
 	cfg := testConfig(group, topic)
-	cfg.Window = kafkaadapter.Window{Messages: 16, Bytes: 64 << 10}
-	m := startMember(t, cfg, consumer.Route{Workers: 4, Handler: func(ctx context.Context, m *consumer.Message) error {
+	window := consumer.WindowPolicy{Messages: 16, Bytes: 64 << 10}
+	m := startMember(t, cfg, consumer.Route{Workers: 4, Window: window, Handler: func(ctx context.Context, m *consumer.Message) error {
 		select {
 		case <-release:
 			return nil
@@ -433,9 +440,9 @@ func TestPrefetchBound(t *testing.T) {
 	// The test producer writes batches of up to 1000 records.
 	bound := m.src.Bound(1000*(size+64), 1)
 	t.Logf("%s: fetched %d of %d while stuck, peak %d bytes, bound %d", cluster.Kind(), st.Fetched, n, st.PeakBytes, bound)
-	if st.PeakBytes > cfg.Window.Bytes || st.PeakBuffered > cfg.Window.Messages {
+	if st.PeakBytes > window.Bytes || st.PeakBuffered > window.Messages {
 		t.Errorf("held %d records / %d bytes at peak, prefetch %d / %d (whole bound with transit %d)",
-			st.PeakBuffered, st.PeakBytes, cfg.Window.Messages, cfg.Window.Bytes, bound)
+			st.PeakBuffered, st.PeakBytes, window.Messages, window.Bytes, bound)
 	}
 	if st.Fetched >= n {
 		t.Errorf("fetched the whole backlog (%d) with every handler stuck", st.Fetched)
@@ -473,7 +480,7 @@ func TestDeadlines(t *testing.T) {
 	var wrong atomic.Int64
 	var handled atomic.Int64
 	m := startMember(t, testConfig(group, topic), consumer.Route{
-		Workers: 2, Expiry: expiry.Policy{UseHeader: true, MaxAge: time.Minute},
+		Workers: 2, Expiry: expiry.Policy{MaxAge: time.Minute},
 		Handler: func(ctx context.Context, m *consumer.Message) error {
 			handled.Add(1)
 			if msgIndex(m)%3 != 0 {

@@ -11,7 +11,9 @@ import (
 	"go.uber.org/goleak"
 
 	kafkaadapter "github.com/sluice-go/sluice/adapters/kafka"
-	"github.com/sluice-go/sluice/internal/kafkatest"
+	"github.com/sluice-go/sluice/adapters/kafka/kafkatest"
+	"github.com/sluice-go/sluice/consumer"
+	"github.com/sluice-go/sluice/sluicetest"
 )
 
 // cluster is the package's broker: kfake in process, or $KAFKA_BROKERS.
@@ -49,18 +51,21 @@ func warmUp(c *kafkatest.Cluster) error {
 	}
 	src, err := kafkaadapter.NewSource(kafkaadapter.Config{
 		Cluster: c.Kafka(), GroupID: kafkatest.UniqueName("warmup"), Topics: []string{topic},
-		Window: kafkaadapter.Window{Messages: 10, Bytes: 1 << 20}, SessionTimeout: 6 * time.Second,
+		SessionTimeout: 6 * time.Second,
 	})
 	if err != nil {
 		return err
 	}
 	defer src.Close()
+	if _, err := src.Attach(consumer.RouteLimits{Route: "warmup", Messages: 10, Bytes: 1 << 20}); err != nil {
+		return err
+	}
 	msgs, err := src.Fetch(ctx, 10, 1<<20)
 	for len(msgs) == 0 && err == nil {
 		msgs, err = src.Fetch(ctx, 10, 1<<20)
 	}
 	for _, m := range msgs {
-		_ = m.Acker.Ack(ctx)
+		_ = sluicetest.Settle(ctx, m, consumer.Settlement{Op: consumer.SettleAck})
 	}
 	return err
 }

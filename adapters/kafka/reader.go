@@ -13,10 +13,9 @@ import (
 	"github.com/sluice-go/sluice/consumer"
 )
 
-// ReaderOptions configure NewReaderSource. Window is required; the other
-// fields mean what they mean in Config, with the same defaults.
+// ReaderOptions configure NewReaderSource. The fields mean what they mean
+// in Config, with the same defaults; the window comes from the route.
 type ReaderOptions struct {
-	Window             Window
 	PrefetchMessages   int
 	PrefetchBytes      int64
 	PollWait           time.Duration
@@ -81,7 +80,7 @@ func NewReaderSource(r *kafka.Reader, opts ReaderOptions) (*ReaderSource, error)
 		topics = []string{rc.Topic}
 	}
 	cfg := Config{
-		Cluster: &Cluster{Brokers: rc.Brokers}, GroupID: rc.GroupID, Topics: topics, Window: opts.Window,
+		Cluster: &Cluster{Brokers: rc.Brokers}, GroupID: rc.GroupID, Topics: topics,
 		PrefetchMessages: opts.PrefetchMessages, PrefetchBytes: opts.PrefetchBytes, PollWait: opts.PollWait,
 		CommitInterval: opts.CommitInterval, CommitEvery: opts.CommitEvery,
 		LocalRetryMaxDelay: opts.LocalRetryMaxDelay, Clock: opts.Clock, OnCommit: opts.OnCommit,
@@ -91,11 +90,19 @@ func NewReaderSource(r *kafka.Reader, opts ReaderOptions) (*ReaderSource, error)
 	}
 	s := &ReaderSource{r: r, parts: map[topicPartition]*partition{}, kick: make(chan struct{}, 1)}
 	s.feed.init(cfg)
-	s.wg.Add(2)
-	go func() { defer s.wg.Done(); s.pump() }()
-	go func() { defer s.wg.Done(); s.commits() }()
-	go func() { s.wg.Wait(); close(s.done) }()
 	return s, nil
+}
+
+// Attach implements consumer.Source: the ReaderSource sizes its prefetch
+// from the route's window and starts reading from the Reader. It serves
+// one route.
+func (s *ReaderSource) Attach(l consumer.RouteLimits) (consumer.SourceInfo, error) {
+	return s.feed.attach(l, func() {
+		s.wg.Add(2)
+		go func() { defer s.wg.Done(); s.pump() }()
+		go func() { defer s.wg.Done(); s.commits() }()
+		go func() { s.wg.Wait(); close(s.done) }()
+	})
 }
 
 // Close stops fetching and commits once more; it does not close the
@@ -106,7 +113,9 @@ func (s *ReaderSource) Close() error {
 		return nil
 	}
 	s.cancel()
-	<-s.done
+	if s.started.Load() {
+		<-s.done
+	}
 	return nil
 }
 

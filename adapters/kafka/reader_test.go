@@ -9,8 +9,8 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	kafkaadapter "github.com/sluice-go/sluice/adapters/kafka"
+	"github.com/sluice-go/sluice/adapters/kafka/kafkatest"
 	"github.com/sluice-go/sluice/consumer"
-	"github.com/sluice-go/sluice/internal/kafkatest"
 )
 
 // TestReaderSource wraps an application's own group Reader: out-of-order
@@ -26,15 +26,17 @@ func TestReaderSource(t *testing.T) {
 		SessionTimeout: 6 * time.Second, HeartbeatInterval: 250 * time.Millisecond, MaxWait: 100 * time.Millisecond,
 	})
 	defer r.Close()
-	win := kafkaadapter.Window{Messages: 128, Bytes: 1 << 20}
+	win := consumer.WindowPolicy{Messages: 128, Bytes: 1 << 20}
 	src, err := kafkaadapter.NewReaderSource(r, kafkaadapter.ReaderOptions{
-		Window: win, CommitInterval: 20 * time.Millisecond, PollWait: 200 * time.Millisecond, OnCommit: l.onCommit,
+		CommitInterval: 20 * time.Millisecond, PollWait: 200 * time.Millisecond, OnCommit: l.onCommit,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	c, err := consumer.New(consumer.Options{}, consumer.Route{
-		Name: "reader", Source: src, Workers: 16, MaxInFlight: win.Messages, MaxInFlightBytes: win.Bytes,
+		Name:    "reader",
+		Source:  src,
+		Workers: 16,
 		Handler: func(ctx context.Context, m *consumer.Message) error {
 			if rand.IntN(10) == 0 {
 				time.Sleep(time.Duration(rand.IntN(10)) * time.Millisecond)
@@ -42,6 +44,7 @@ func TestReaderSource(t *testing.T) {
 			l.finish(m.Origin)
 			return nil
 		},
+		Window: win,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -67,7 +70,7 @@ func TestReaderSource(t *testing.T) {
 	}
 	plain := kafka.NewReader(kafka.ReaderConfig{Brokers: cluster.Brokers, Topic: topic})
 	defer plain.Close()
-	if _, err := kafkaadapter.NewReaderSource(plain, kafkaadapter.ReaderOptions{Window: win}); err == nil {
+	if _, err := kafkaadapter.NewReaderSource(plain, kafkaadapter.ReaderOptions{}); err == nil {
 		t.Error("a Reader without GroupID was accepted")
 	}
 }

@@ -10,8 +10,8 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	kafkaadapter "github.com/sluice-go/sluice/adapters/kafka"
+	"github.com/sluice-go/sluice/adapters/kafka/kafkatest"
 	"github.com/sluice-go/sluice/consumer"
-	"github.com/sluice-go/sluice/internal/kafkatest"
 )
 
 // fetchAll fetches from src until want messages came or timeout passed,
@@ -28,7 +28,7 @@ func fetchAll(t *testing.T, src *kafkaadapter.Source, want int, timeout time.Dur
 		}
 		for _, m := range ms {
 			if ack {
-				_ = m.Acker.Ack(context.Background())
+				settle(t, m, consumer.Settlement{Op: consumer.SettleAck})
 			}
 		}
 		got = append(got, ms...)
@@ -51,10 +51,7 @@ func TestRetryTopicSurvivesRestart(t *testing.T) {
 	cfg.RetryTopic = retryTopic
 	cfg.LocalRetryMaxDelay = 10 * time.Millisecond
 
-	src, err := kafkaadapter.NewSource(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	src := attachedSource(t, cfg, testWindow)
 	defer src.Close()
 	waitFor(t, 20*time.Second, "assignment", func() bool { return len(src.Assigned()[topic]) == 1 })
 	// Produce until the fetcher, which starts at the end, sees a message.
@@ -67,9 +64,7 @@ func TestRetryTopicSurvivesRestart(t *testing.T) {
 		msgs = fetchAll(t, src, 1, 500*time.Millisecond, false)
 	}
 	const delay = 2 * time.Second
-	if err := msgs[0].Acker.Nak(context.Background(), delay); err != nil {
-		t.Fatal(err)
-	}
+	settle(t, msgs[0], consumer.Settlement{Op: consumer.SettleNak, Delay: delay})
 	if st := src.Stats(); st.RetryWrites != 1 {
 		t.Fatalf("retry writes %d, want 1: %+v", st.RetryWrites, st)
 	}
@@ -79,10 +74,7 @@ func TestRetryTopicSurvivesRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	src2, err := kafkaadapter.NewSource(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	src2 := attachedSource(t, cfg, testWindow)
 	defer src2.Close()
 	got := fetchAll(t, src2, 1, 20*time.Second, true)
 	if len(got) != 1 {
@@ -118,12 +110,9 @@ func TestRetryHoldDoesNotBlock(t *testing.T) {
 	}
 	cfg := testConfig(group, topic)
 	cfg.RetryTopic = retryTopic
-	cfg.Window = kafkaadapter.Window{Messages: 64, Bytes: 64 << 10}
 	cfg.FetchMaxBytes = 32 << 10 // two fetches fill the budget
-	src, err := kafkaadapter.NewSource(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	window := consumer.WindowPolicy{Messages: 64, Bytes: 64 << 10}
+	src := attachedSource(t, cfg, window)
 	waitFor(t, 20*time.Second, "assignment", func() bool { return len(src.Assigned()[retryTopic]) == retryParts })
 	time.Sleep(time.Second) // the retry partitions fetch their records and wait
 	const n = 20
@@ -145,8 +134,8 @@ func TestRetryHoldDoesNotBlock(t *testing.T) {
 			t.Fatalf("a retry record was handed out before its not-before: %+v", m.Origin)
 		}
 	}
-	if st.BufferedBytes > cfg.Window.Bytes {
-		t.Errorf("buffered %d bytes, budget %d", st.BufferedBytes, cfg.Window.Bytes)
+	if st.BufferedBytes > window.Bytes {
+		t.Errorf("buffered %d bytes, budget %d", st.BufferedBytes, window.Bytes)
 	}
 }
 
@@ -169,10 +158,7 @@ func TestGroupErrorSurfaces(t *testing.T) {
 	}
 	cfg.RevokeGrace = 500 * time.Millisecond
 	cfg.SessionTimeout = time.Second // below the broker's 6 s minimum
-	src, err := kafkaadapter.NewSource(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	src := attachedSource(t, cfg, testWindow)
 	defer src.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -11,9 +11,9 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	kafkaadapter "github.com/sluice-go/sluice/adapters/kafka"
+	"github.com/sluice-go/sluice/adapters/kafka/kafkatest"
 	"github.com/sluice-go/sluice/consumer"
 	"github.com/sluice-go/sluice/dlq"
-	"github.com/sluice-go/sluice/internal/kafkatest"
 )
 
 // TestSecureClusters runs every client sluice builds from one Cluster (a
@@ -71,8 +71,10 @@ func secureRoundTrip(t *testing.T, c *kafkatest.Cluster) {
 	defer src.Close()
 	handled := make(chan struct{}, n)
 	cons, err := consumer.New(consumer.Options{}, consumer.Route{
-		Name: "sec", Source: src, Workers: 2, MaxInFlight: 16, MaxInFlightBytes: 1 << 20, DeadLetter: sink,
-		Retry: consumer.RetryPolicy{MaxAttempts: 2, BaseDelay: 50 * time.Millisecond, MaxDelay: 50 * time.Millisecond},
+		Name:    "sec",
+		Source:  src,
+		Workers: 2,
+		Retry:   consumer.RetryPolicy{MaxAttempts: 2, BaseDelay: 50 * time.Millisecond, MaxDelay: 50 * time.Millisecond},
 		Handler: func(ctx context.Context, m *consumer.Message) error {
 			defer func() { handled <- struct{}{} }()
 			switch {
@@ -83,6 +85,8 @@ func secureRoundTrip(t *testing.T, c *kafkatest.Cluster) {
 			}
 			return nil
 		},
+		Window:     consumer.WindowPolicy{Messages: 16, Bytes: 1 << 20},
+		DeadLetter: consumer.DeadLetterPolicy{Sink: sink},
 	})
 	if err != nil {
 		t.Fatal(err)

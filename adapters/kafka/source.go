@@ -79,7 +79,7 @@ type partition struct {
 }
 
 type counters struct {
-	fetched, fetchErrors, commits, commitErrors, staleSettles, dropped,
+	fetched, settled, fetchErrors, commits, commitErrors, staleSettles, dropped,
 	localRetries, retryWrites, retryWriteErrors, generations, fenced,
 	retryClamped, retryOriginRefused atomic.Int64
 }
@@ -87,6 +87,7 @@ type counters struct {
 // Stats is a snapshot of a Source's counters.
 type Stats struct {
 	Fetched      int64 // records fetched from the broker
+	Settled      int64 // messages acked or terminated by the route (not naks)
 	FetchErrors  int64
 	Commits      int64 // accepted commit requests
 	CommitErrors int64
@@ -145,17 +146,15 @@ func NewSource(cfg Config) (*Source, error) {
 	if cfg.RetryTopic != "" {
 		s.retryW = newWriter(s.cluster, rt, cfg.RetryTopic)
 	}
-	go s.run()
 	return s, nil
 }
 
-// maxDelay is the longest retry delay the route asks for: a retry-topic
-// not-before further out is clamped to it.
-//
-// TODO(core contract): RouteLimits.MaxDelay from Attach. Until then the
-// Source knows only its own LocalRetryMaxDelay; longer Nak delays come
-// from the route's retry policy, which it cannot see, so it allows an hour.
-func (s *feed) maxDelay() time.Duration { return max(s.cfg.LocalRetryMaxDelay, time.Hour) }
+// Attach implements consumer.Source: the Source sizes its prefetch from the
+// route's window and joins the group (Ready reports when it has its first
+// assignment). A Source serves one route.
+func (s *Source) Attach(l consumer.RouteLimits) (consumer.SourceInfo, error) {
+	return s.feed.attach(l, func() { go s.run() })
+}
 
 type sysClock struct{}
 
@@ -170,7 +169,9 @@ func (s *Source) Close() error {
 	}
 	s.cancel()
 	err := s.cg.Close()
-	<-s.done
+	if s.started.Load() {
+		<-s.done
+	}
 	s.gens.Wait()
 	if s.retryW != nil {
 		err = errors.Join(err, s.retryW.Close())
@@ -190,7 +191,7 @@ func (s *Source) Stats() Stats {
 
 func (s *feed) snapshot() Stats {
 	st := Stats{
-		Fetched: s.stats.fetched.Load(), FetchErrors: s.stats.fetchErrors.Load(),
+		Fetched: s.stats.fetched.Load(), Settled: s.stats.settled.Load(), FetchErrors: s.stats.fetchErrors.Load(),
 		Commits: s.stats.commits.Load(), CommitErrors: s.stats.commitErrors.Load(), FencedCommits: s.stats.fenced.Load(),
 		StaleSettles: s.stats.staleSettles.Load(), Dropped: s.stats.dropped.Load(),
 		LocalRetries: s.stats.localRetries.Load(), RetryWrites: s.stats.retryWrites.Load(),
@@ -198,7 +199,9 @@ func (s *feed) snapshot() Stats {
 		RetryClamped: s.stats.retryClamped.Load(), RetryOriginRefused: s.stats.retryOriginRefused.Load(),
 		Generation: -1,
 	}
-	st.Buffered, st.BufferedBytes, st.PeakBytes, st.PeakBuffered = s.buf.usage()
+	if s.attached.Load() {
+		st.Buffered, st.BufferedBytes, st.PeakBytes, st.PeakBuffered = s.buf.usage()
+	}
 	return st
 }
 

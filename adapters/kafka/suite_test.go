@@ -43,11 +43,11 @@ func (tp *kafkaTopic) Publish(t *testing.T, msgs []adaptertest.Msg) {
 	}
 }
 
-func (tp *kafkaTopic) Source(t *testing.T, group string, window int, windowBytes int64) consumer.Source {
+func (tp *kafkaTopic) Source(t *testing.T, group string) consumer.Source {
 	t.Helper()
 	src, err := kafkaadapter.NewSource(kafkaadapter.Config{
 		Cluster: cluster.Kafka(), GroupID: tp.topic + "-" + group, Topics: []string{tp.topic},
-		Window: kafkaadapter.Window{Messages: window, Bytes: windowBytes}, SessionTimeout: 6 * time.Second,
+		SessionTimeout: 6 * time.Second,
 	})
 	if err != nil {
 		t.Fatal(err)

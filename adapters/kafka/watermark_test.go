@@ -1,10 +1,12 @@
 package kafkaadapter_test
 
 import (
+	"errors"
 	"math/rand/v2"
 	"testing"
 
 	kafkaadapter "github.com/sluice-go/sluice/adapters/kafka"
+	"github.com/sluice-go/sluice/consumer"
 )
 
 func TestWatermarkRandomOrder(t *testing.T) {
@@ -59,10 +61,23 @@ func TestWatermarkRandomOrder(t *testing.T) {
 
 func TestConfigValidation(t *testing.T) {
 	cfg := testConfig("g", "t")
-	cfg.Window = kafkaadapter.Window{}
-	if _, err := kafkaadapter.NewSource(cfg); err == nil {
-		t.Fatal("zero window accepted")
+	src, err := kafkaadapter.NewSource(cfg)
+	if err != nil {
+		t.Fatal(err)
 	}
+	limits := consumer.RouteLimits{Route: "a", Messages: 8, Bytes: 1 << 20}
+	if _, err := src.Attach(limits); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := src.Attach(limits); err != nil {
+		t.Fatalf("the same route attaching again (a retried New): %v", err)
+	}
+	other := limits
+	other.Route = "b"
+	if _, err := src.Attach(other); !errors.Is(err, consumer.ErrInvalidOption) {
+		t.Fatalf("a second route attached the same Source: %v", err)
+	}
+	_ = src.Close()
 	cfg = testConfig("g", "t")
 	cfg.RetryTopic = "t"
 	if _, err := kafkaadapter.NewSource(cfg); err == nil {

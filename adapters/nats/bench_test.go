@@ -216,7 +216,7 @@ func benchSluiceAll(b *testing.B, async bool) {
 func benchSluice(b *testing.B, size, workers int, async bool) {
 	_, js := benchJetStream(b)
 	ctx, name, _ := benchStream(b, js, b.N, size)
-	src, err := natsadapter.NewSourceFor(ctx, js, name, jetstream.ConsumerConfig{Durable: "sluice"}, benchWindow,
+	src, err := natsadapter.NewSourceFor(ctx, js, name, jetstream.ConsumerConfig{Durable: "sluice"},
 		natsadapter.SourceOptions{AckAsync: async})
 	if err != nil {
 		b.Fatal(err)
@@ -224,13 +224,16 @@ func benchSluice(b *testing.B, size, workers int, async bool) {
 	var n atomic.Int64
 	done := make(chan struct{})
 	c, err := consumer.New(consumer.Options{}, consumer.Route{
-		Name: "bench", Source: src, Workers: workers, MaxInFlight: benchWindow, MaxInFlightBytes: 64 << 20,
+		Name:    "bench",
+		Source:  src,
+		Workers: workers,
 		Handler: func(context.Context, *consumer.Message) error {
 			if n.Add(1) == int64(b.N) {
 				close(done)
 			}
 			return nil
 		},
+		Window: consumer.WindowPolicy{Messages: benchWindow, Bytes: 64 << 20},
 	})
 	if err != nil {
 		b.Fatal(err)
@@ -253,8 +256,8 @@ func benchSluice(b *testing.B, size, workers int, async bool) {
 	if err := <-errc; err != nil {
 		b.Fatal(fmt.Errorf("run: %w", err))
 	}
-	if s := c.Stats()[0]; s.SettleErrors > 0 {
-		b.Fatalf("%d settle errors", s.SettleErrors)
+	if s := c.Stats()[0]; s.Errors.Settle > 0 {
+		b.Fatalf("%d settle errors", s.Errors.Settle)
 	}
 }
 

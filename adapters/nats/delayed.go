@@ -71,10 +71,13 @@ func (s *Source) sizeAckPending(ctx context.Context) {
 	}
 	now := time.Now()
 	d := s.delayed.count(now.UnixNano())
-	if d < s.reserve/2 || s.reserve >= maxDelayReserve || now.Before(s.sizeRetry) {
+	if now.Before(s.sizeRetry) || !s.sizeNow && (d < s.reserve/2 || s.reserve >= maxDelayReserve) {
 		return
 	}
-	reserve := min(max(4*d, 2*s.reserve), maxDelayReserve)
+	initial, reserve := s.sizeNow, s.reserve
+	if !initial {
+		reserve = min(max(4*d, 2*s.reserve), maxDelayReserve)
+	}
 	s.sizeRetry = now.Add(time.Second)
 	uctx, cancel := context.WithTimeout(ctx, s.opts.PollWait)
 	defer cancel()
@@ -92,7 +95,9 @@ func (s *Source) sizeAckPending(ctx context.Context) {
 		s.mu.Lock()
 		s.cons = cons
 		s.mu.Unlock()
-		s.c.ackPendingRaises.Add(1)
+		if !initial {
+			s.c.ackPendingRaises.Add(1)
+		}
 	}
-	s.reserve = reserve
+	s.reserve, s.sizeNow = reserve, false
 }

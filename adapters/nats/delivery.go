@@ -9,6 +9,7 @@ import (
 
 	"github.com/sluice-go/sluice/consumer"
 	"github.com/sluice-go/sluice/dlq"
+	"github.com/sluice-go/sluice/internal/adapterkit"
 )
 
 // delivery is one JetStream delivery: the Message handed to the route, the
@@ -19,18 +20,19 @@ type delivery struct {
 	src *Source
 	gen uint32 // src.gen when delivered
 	p   pendingSettle
-	// wait receives the settlement's outcome while Ack, Nak or Term
-	// blocks for it.
-	wait chan error
+	// wait receives the settlement's outcome while settleWait blocks for
+	// it; pending says the route awaits it through consumer.Confirm.
+	wait    chan error
+	pending bool
 }
 
 func (s *Source) convert(m *nats.Msg) *consumer.Message {
 	d := &delivery{m: m, src: s, gen: s.gen.Load()}
 	cm := &d.msg
+	consumer.InitMessage(cm, d)
 	cm.Topic = m.Subject
 	cm.Value = m.Data
 	cm.Headers = consumer.Headers(m.Header)
-	cm.Acker = d
 	cm.Origin = dlq.Origin{Topic: m.Subject, Stream: s.stream, Group: s.name, Partition: -1}
 	key := m.Subject
 	if s.opts.KeyHeader != "" {
@@ -88,8 +90,11 @@ func (d *delivery) settled(err error) {
 	if err != nil && !d.p.confirm {
 		d.src.c.settleErrors.Add(1)
 	}
-	if d.wait != nil {
+	switch {
+	case d.wait != nil:
 		d.wait <- err
+	case d.pending:
+		consumer.Confirm(&d.msg, err)
 	}
 }
 
@@ -106,15 +111,27 @@ func (d *delivery) settleWait(ctx context.Context, k settleKind, delay time.Dura
 	return <-d.wait
 }
 
-func (d *delivery) Ack(ctx context.Context) error { return d.settleWait(ctx, kindAck, 0, "") }
-
-func (d *delivery) Nak(ctx context.Context, delay time.Duration) error {
-	return d.settleWait(ctx, kindNak, delay, "")
-}
-
-// Term terminates the delivery, with the reason in the server's advisory.
-func (d *delivery) Term(ctx context.Context, reason string) error {
-	return d.settleWait(ctx, kindTerm, 0, reason)
+// Settle implements consumer.Acker. With AckAsync the settlement is queued
+// for the writer and counts as done. Otherwise it is pipelined: queued for
+// the writer, and the server's answer reaches the route through
+// consumer.Confirm (Settle returns consumer.ErrPending), so no worker waits
+// for it while the message keeps its window slot. A Term carries its
+// reason into the server's advisory.
+func (d *delivery) Settle(ctx context.Context, s consumer.Settlement) error {
+	k := kindAck
+	switch s.Op {
+	case consumer.SettleNak:
+		k = kindNak
+	case consumer.SettleTerm:
+		k = kindTerm
+	}
+	if d.src.opts.AckAsync {
+		d.settle(ctx, k, s.Delay, s.Reason)
+		return nil
+	}
+	d.pending = true
+	d.settle(ctx, k, s.Delay, s.Reason)
+	return consumer.ErrPending
 }
 
 // InProgress extends the delivery's ack deadline (+WPI, not confirmed).
@@ -129,7 +146,7 @@ func (d *delivery) InProgress(context.Context) error {
 // Source delivered (as nats.go parses it), for handlers that need more than
 // Message.Attempt, PublishedAt and Origin.
 func MetadataOf(m *consumer.Message) (*nats.MsgMetadata, error) {
-	d, ok := m.Acker.(*delivery)
+	d, ok := adapterkit.AckerOf(m).(*delivery)
 	if !ok {
 		return nil, fmt.Errorf("%w: not a natsadapter delivery", consumer.ErrInvalidOption)
 	}

@@ -10,8 +10,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	natsadapter "github.com/sluice-go/sluice/adapters/nats"
+	"github.com/sluice-go/sluice/adapters/nats/natstest"
 	"github.com/sluice-go/sluice/consumer"
-	"github.com/sluice-go/sluice/internal/natstest"
 )
 
 func Example() {
@@ -34,7 +34,7 @@ func Example() {
 	}
 
 	const window = 16
-	src, err := natsadapter.NewSourceFor(ctx, js, "ORDERS", jetstream.ConsumerConfig{Durable: "orders"}, window, natsadapter.SourceOptions{PollWait: 100 * time.Millisecond})
+	src, err := natsadapter.NewSourceFor(ctx, js, "ORDERS", jetstream.ConsumerConfig{Durable: "orders"}, natsadapter.SourceOptions{PollWait: 100 * time.Millisecond})
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -42,13 +42,16 @@ func Example() {
 	sink, _ := natsadapter.NewDeadLetterSink(ctx, js, natsadapter.SinkOptions{})
 	done := make(chan struct{}, 3)
 	c, _ := consumer.New(consumer.Options{}, consumer.Route{
-		Name: "orders", Source: src, DeadLetter: sink,
-		Workers: 1, MaxInFlight: window, MaxInFlightBytes: 1 << 20,
+		Name:    "orders",
+		Source:  src,
+		Workers: 1,
 		Handler: func(_ context.Context, m *consumer.Message) error {
 			fmt.Println(m.Topic, string(m.Value), "attempt", m.Attempt)
 			done <- struct{}{}
 			return nil
 		},
+		Window:     consumer.WindowPolicy{Messages: window, Bytes: 1 << 20},
+		DeadLetter: consumer.DeadLetterPolicy{Sink: sink},
 	})
 	runCtx, stop := context.WithCancel(ctx)
 	errc := make(chan error, 1)
@@ -89,19 +92,22 @@ func ExampleNewSource() {
 		Durable: "mailer", AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 100, AckWait: time.Minute,
 	})
 
-	src, err := natsadapter.NewSource(js, cons, natsadapter.SourceOptions{Window: 32, PollWait: 100 * time.Millisecond})
+	src, err := natsadapter.NewSource(js, cons, natsadapter.SourceOptions{PollWait: 100 * time.Millisecond})
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
 	done := make(chan struct{})
 	c, _ := consumer.New(consumer.Options{}, consumer.Route{
-		Name: "mailer", Source: src, Workers: 2, MaxInFlight: 32, MaxInFlightBytes: 1 << 20,
+		Name:    "mailer",
+		Source:  src,
+		Workers: 2,
 		Handler: func(_ context.Context, m *consumer.Message) error {
 			fmt.Printf("%s %s (stream %s, seq %d)\n", m.Topic, m.Value, m.Origin.Stream, m.Origin.Sequence)
 			close(done)
 			return nil
 		},
+		Window: consumer.WindowPolicy{Messages: 32, Bytes: 1 << 20},
 	})
 	runCtx, stop := context.WithCancel(ctx)
 	errc := make(chan error, 1)

@@ -16,9 +16,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	natsadapter "github.com/sluice-go/sluice/adapters/nats"
+	"github.com/sluice-go/sluice/adapters/nats/natstest"
 	"github.com/sluice-go/sluice/consumer"
 	"github.com/sluice-go/sluice/dlq"
-	"github.com/sluice-go/sluice/internal/natstest"
+	"github.com/sluice-go/sluice/expiry"
 )
 
 // faultRig is a server on a fixed port and store dir, so it can be
@@ -94,8 +95,7 @@ func faultRunWith(t *testing.T, r *faultRig, n, after int, fault func(), withSou
 	}
 	publish(t, ctx, r.js, n)
 	const window = 32
-	src, err := natsadapter.NewSourceFor(ctx, r.js, "WORK", jetstream.ConsumerConfig{Durable: "fault", AckWait: 2 * time.Second},
-		window, natsadapter.SourceOptions{PollWait: 200 * time.Millisecond, AckTimeout: time.Second})
+	src, err := natsadapter.NewSourceFor(ctx, r.js, "WORK", jetstream.ConsumerConfig{Durable: "fault", AckWait: 2 * time.Second}, natsadapter.SourceOptions{PollWait: 200 * time.Millisecond, AckTimeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,9 +105,12 @@ func faultRunWith(t *testing.T, r *faultRig, n, after int, fault func(), withSou
 	var mu sync.Mutex
 	seen := map[int]int{}
 	var handled, dup atomic.Int64
-	c, err := consumer.New(consumer.Options{ShutdownGrace: time.Second}, consumer.Route{Name: "fault", Source: src,
-		Workers: 4, MaxInFlight: window, MaxInFlightBytes: 1 << 20,
-		Retry: consumer.RetryPolicy{MaxAttempts: 100, BaseDelay: time.Millisecond, MaxDelay: 50 * time.Millisecond},
+	c, err := consumer.New(consumer.Options{ShutdownGrace: time.Second}, consumer.Route{
+		Expiry:  expiry.Policy{IgnoreHeader: true}, // not about deadlines: run every message publish made
+		Name:    "fault",
+		Source:  src,
+		Workers: 4,
+		Retry:   consumer.RetryPolicy{MaxAttempts: 100, BaseDelay: time.Millisecond, MaxDelay: 50 * time.Millisecond},
 		Handler: func(_ context.Context, m *consumer.Message) error {
 			time.Sleep(200 * time.Microsecond)
 			id, _ := strconv.Atoi(m.Headers.Get("Id"))
@@ -119,7 +122,9 @@ func faultRunWith(t *testing.T, r *faultRig, n, after int, fault func(), withSou
 			mu.Unlock()
 			handled.Add(1)
 			return nil
-		}})
+		},
+		Window: consumer.WindowPolicy{Messages: window, Bytes: 1 << 20},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,7 +155,7 @@ func TestServerRestartMidStream(t *testing.T) {
 	// Acks in flight when the server went down are lost (DoubleAck reports
 	// it), so those messages come back after AckWait: duplicates, bounded
 	// by what was in flight.
-	t.Logf("restart: duplicates %d, settle errors %d, fetch errors %d, fetched %d", dups, s.SettleErrors, s.FetchErrors, s.Fetched)
+	t.Logf("restart: duplicates %d, settle errors %d, fetch errors %d, fetched %d", dups, s.Errors.Settle, s.Errors.Fetch, s.Fetched)
 	if dups > 2*32 {
 		t.Fatalf("%d duplicates, more than two windows", dups)
 	}
@@ -171,7 +176,7 @@ func TestClientDisconnectMidBatch(t *testing.T) {
 			t.Error(err)
 		}
 	})
-	t.Logf("disconnect: duplicates %d, settle errors %d, fetch errors %d, fetched %d", dups, s.SettleErrors, s.FetchErrors, s.Fetched)
+	t.Logf("disconnect: duplicates %d, settle errors %d, fetch errors %d, fetched %d", dups, s.Errors.Settle, s.Errors.Fetch, s.Fetched)
 	if dups > 2*32 {
 		t.Fatalf("%d duplicates, more than two windows", dups)
 	}
@@ -226,16 +231,18 @@ func TestServerKilledBetweenAckAndReply(t *testing.T) {
 	if err := r.nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	src, err := natsadapter.NewSourceFor(ctx, js, "WORK", jetstream.ConsumerConfig{Durable: "kill", AckWait: 3 * time.Second},
-		32, natsadapter.SourceOptions{PollWait: 200 * time.Millisecond, AckTimeout: 2 * time.Second})
+	src, err := natsadapter.NewSourceFor(ctx, js, "WORK", jetstream.ConsumerConfig{Durable: "kill", AckWait: 3 * time.Second}, natsadapter.SourceOptions{PollWait: 200 * time.Millisecond, AckTimeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var mu sync.Mutex
 	seen := map[int]int{}
 	var handled atomic.Int64
-	c, err := consumer.New(consumer.Options{ShutdownGrace: time.Second}, consumer.Route{Name: "kill", Source: src,
-		Workers: 4, MaxInFlight: 32, MaxInFlightBytes: 1 << 20,
+	c, err := consumer.New(consumer.Options{ShutdownGrace: time.Second}, consumer.Route{
+		Expiry:  expiry.Policy{IgnoreHeader: true}, // not about deadlines: run every message publish made
+		Name:    "kill",
+		Source:  src,
+		Workers: 4,
 		Handler: func(_ context.Context, m *consumer.Message) error {
 			id, _ := strconv.Atoi(m.Headers.Get("Id"))
 			if id == target {
@@ -246,7 +253,9 @@ func TestServerKilledBetweenAckAndReply(t *testing.T) {
 			mu.Unlock()
 			handled.Add(1)
 			return nil
-		}})
+		},
+		Window: consumer.WindowPolicy{Messages: 32, Bytes: 1 << 20},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -260,7 +269,7 @@ func TestServerKilledBetweenAckAndReply(t *testing.T) {
 		}
 		info, err := src.Consumer().Info(ctx)
 		s := c.Stats()[0]
-		return err == nil && info.NumAckPending == 0 && info.NumPending == 0 && s.InFlight == 0
+		return err == nil && info.NumAckPending == 0 && info.NumPending == 0 && s.Held == 0
 	}, func() {
 		select {
 		case <-acked:
@@ -317,9 +326,9 @@ func TestDurableDeletedIsRecreated(t *testing.T) {
 		}
 	}, func(s *natsadapter.Source) { src = s })
 	st := src.Stats()
-	t.Logf("deleted: duplicates %d, recreated %d, fetch errors %d, settle errors %d, fetched %d", dups, st.Recreated, s.FetchErrors, s.SettleErrors, s.Fetched)
-	if st.Recreated != 1 || s.FetchErrors == 0 {
-		t.Fatalf("recreated %d times, %d fetch errors", st.Recreated, s.FetchErrors)
+	t.Logf("deleted: duplicates %d, recreated %d, fetch errors %d, settle errors %d, fetched %d", dups, st.Recreated, s.Errors.Fetch, s.Errors.Settle, s.Fetched)
+	if st.Recreated != 1 || s.Errors.Fetch == 0 {
+		t.Fatalf("recreated %d times, %d fetch errors", st.Recreated, s.Errors.Fetch)
 	}
 	if dups >= n/2 {
 		t.Fatalf("%d duplicates: the recreated durable started from the beginning", dups)
@@ -340,8 +349,14 @@ func TestUserDurableDeletedFailsRoute(t *testing.T) {
 		t.Fatal(err)
 	}
 	var handled atomic.Int64
-	c, err := consumer.New(consumer.Options{}, consumer.Route{Name: "theirs", Source: src, Workers: 2, MaxInFlight: 16, MaxInFlightBytes: 1 << 20,
-		Handler: func(context.Context, *consumer.Message) error { handled.Add(1); return nil }})
+	c, err := consumer.New(consumer.Options{}, consumer.Route{
+		Expiry:  expiry.Policy{IgnoreHeader: true}, // not about deadlines: run every message publish made
+		Name:    "theirs",
+		Source:  src,
+		Workers: 2,
+		Handler: func(context.Context, *consumer.Message) error { handled.Add(1); return nil },
+		Window:  consumer.WindowPolicy{Messages: 16, Bytes: 1 << 20},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -378,15 +393,18 @@ func TestPoisonWithDLQDownKeepsFlowing(t *testing.T) {
 	const n, every, window = 10000, 100, 64 // 100 poison messages
 	run := func(poison bool) (time.Duration, *natsadapter.Source, consumer.RouteStats) {
 		ctx, js := setup(t, n)
-		src, err := natsadapter.NewSourceFor(ctx, js, "WORK", jetstream.ConsumerConfig{Durable: "poison", AckWait: 30 * time.Second}, window,
+		src, err := natsadapter.NewSourceFor(ctx, js, "WORK", jetstream.ConsumerConfig{Durable: "poison", AckWait: 30 * time.Second},
 			natsadapter.SourceOptions{PollWait: 200 * time.Millisecond})
 		if err != nil {
 			t.Fatal(err)
 		}
 		var good atomic.Int64
-		c, err := consumer.New(consumer.Options{}, consumer.Route{Name: "poison", Source: src, Workers: 8, MaxInFlight: window, MaxInFlightBytes: 1 << 20,
-			DeadLetter: dlq.SinkFunc(func(context.Context, *dlq.Letter) error { return errors.New("dlq down") }),
-			Retry:      consumer.RetryPolicy{BaseDelay: 500 * time.Millisecond, MaxDelay: 5 * time.Second},
+		c, err := consumer.New(consumer.Options{}, consumer.Route{
+			Expiry:  expiry.Policy{IgnoreHeader: true}, // not about deadlines: run every message publish made
+			Name:    "poison",
+			Source:  src,
+			Workers: 8,
+			Retry:   consumer.RetryPolicy{BaseDelay: 500 * time.Millisecond, MaxDelay: 5 * time.Second},
 			Handler: func(_ context.Context, m *consumer.Message) error {
 				id, _ := strconv.Atoi(m.Headers.Get("Id"))
 				if poison && id%every == 0 {
@@ -395,7 +413,10 @@ func TestPoisonWithDLQDownKeepsFlowing(t *testing.T) {
 				time.Sleep(time.Millisecond)
 				good.Add(1)
 				return nil
-			}})
+			},
+			Window:     consumer.WindowPolicy{Messages: window, Bytes: 1 << 20},
+			DeadLetter: consumer.DeadLetterPolicy{Sink: dlq.SinkFunc(func(context.Context, *dlq.Letter) error { return errors.New("dlq down") })},
+		})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -427,14 +448,18 @@ func TestPoisonWithDLQDownKeepsFlowing(t *testing.T) {
 func TestDelayedNaksRaiseMaxAckPending(t *testing.T) {
 	const n, window = 1000, 16
 	ctx, js := setup(t, n)
-	src, err := natsadapter.NewSourceFor(ctx, js, "WORK", jetstream.ConsumerConfig{Durable: "delays", AckWait: 30 * time.Second}, window,
+	src, err := natsadapter.NewSourceFor(ctx, js, "WORK", jetstream.ConsumerConfig{Durable: "delays", AckWait: 30 * time.Second},
 		natsadapter.SourceOptions{PollWait: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var first, done atomic.Int64
-	c, err := consumer.New(consumer.Options{}, consumer.Route{Name: "delays", Source: src, Workers: 4, MaxInFlight: window, MaxInFlightBytes: 1 << 20,
-		Retry: consumer.RetryPolicy{BaseDelay: 2 * time.Second, MaxDelay: 2 * time.Second},
+	c, err := consumer.New(consumer.Options{}, consumer.Route{
+		Expiry:  expiry.Policy{IgnoreHeader: true}, // not about deadlines: run every message publish made
+		Name:    "delays",
+		Source:  src,
+		Workers: 4,
+		Retry:   consumer.RetryPolicy{BaseDelay: 2 * time.Second, MaxDelay: 2 * time.Second},
 		Handler: func(_ context.Context, m *consumer.Message) error {
 			if m.Attempt == 1 {
 				first.Add(1)
@@ -442,7 +467,9 @@ func TestDelayedNaksRaiseMaxAckPending(t *testing.T) {
 			}
 			done.Add(1)
 			return nil
-		}})
+		},
+		Window: consumer.WindowPolicy{Messages: window, Bytes: 1 << 20},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -489,26 +516,30 @@ func TestUnansweredAckIsNotConfirmed(t *testing.T) {
 		t.Fatal(err)
 	}
 	publish(t, ctx, r.js, 1)
-	src, err := natsadapter.NewSourceFor(ctx, js, "WORK", jetstream.ConsumerConfig{Durable: "mute", AckWait: 5 * time.Second},
-		4, natsadapter.SourceOptions{PollWait: 100 * time.Millisecond, AckTimeout: 200 * time.Millisecond})
+	src, err := natsadapter.NewSourceFor(ctx, js, "WORK", jetstream.ConsumerConfig{Durable: "mute", AckWait: 5 * time.Second}, natsadapter.SourceOptions{PollWait: 100 * time.Millisecond, AckTimeout: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var handled atomic.Int64
-	c, err := consumer.New(consumer.Options{}, consumer.Route{Name: "mute", Source: src, Workers: 1, MaxInFlight: 4, MaxInFlightBytes: 1 << 20,
+	c, err := consumer.New(consumer.Options{}, consumer.Route{
+		Name:    "mute",
+		Source:  src,
+		Workers: 1,
 		Handler: func(context.Context, *consumer.Message) error {
 			proxy.HoldReplies()
 			handled.Add(1)
 			return nil
-		}})
+		},
+		Window: consumer.WindowPolicy{Messages: 4, Bytes: 1 << 20},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	runUntil(t, c, 10*time.Second, func() bool { return src.Stats().AcksUnconfirmed == 1 && c.Stats()[0].InFlight == 0 }, nil)
+	runUntil(t, c, 10*time.Second, func() bool { return src.Stats().AcksUnconfirmed == 1 && c.Stats()[0].Held == 0 }, nil)
 	proxy.Release()
 	st, s := src.Stats(), c.Stats()[0]
-	if st.AcksResent != 2 || s.SettleErrors != 1 || handled.Load() != 1 {
-		t.Fatalf("resent %d, settle errors %d, handled %d", st.AcksResent, s.SettleErrors, handled.Load())
+	if st.AcksResent != 2 || s.Errors.Settle != 1 || handled.Load() != 1 {
+		t.Fatalf("resent %d, settle errors %d, handled %d", st.AcksResent, s.Errors.Settle, handled.Load())
 	}
 	info, err := r.js.Consumer(ctx, "WORK", "mute")
 	if err != nil {

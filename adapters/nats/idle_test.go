@@ -13,6 +13,7 @@ import (
 
 	natsadapter "github.com/sluice-go/sluice/adapters/nats"
 	"github.com/sluice-go/sluice/consumer"
+	"github.com/sluice-go/sluice/expiry"
 )
 
 // idleCost runs n routes (window 64, one worker each) on one connection
@@ -43,13 +44,18 @@ func idleCost(tb testing.TB, n int, cpuFor time.Duration) (heapPerRoute float64,
 	routes := make([]consumer.Route, n)
 	for i := range routes {
 		subj := "idle." + strconv.Itoa(i)
-		src, err := natsadapter.NewSourceFor(ctx, js, "IDLE", jetstream.ConsumerConfig{Durable: "r" + strconv.Itoa(i), FilterSubject: subj},
-			window, natsadapter.SourceOptions{})
+		src, err := natsadapter.NewSourceFor(ctx, js, "IDLE", jetstream.ConsumerConfig{Durable: "r" + strconv.Itoa(i), FilterSubject: subj}, natsadapter.SourceOptions{})
 		if err != nil {
 			tb.Fatal(err)
 		}
-		routes[i] = consumer.Route{Name: "r" + strconv.Itoa(i), Source: src, Workers: 1, MaxInFlight: window, MaxInFlightBytes: 1 << 20,
-			Handler: func(context.Context, *consumer.Message) error { return nil }}
+		routes[i] = consumer.Route{
+			Expiry:  expiry.Policy{IgnoreHeader: true}, // not about deadlines: run every message publish made
+			Name:    "r" + strconv.Itoa(i),
+			Source:  src,
+			Workers: 1,
+			Handler: func(context.Context, *consumer.Message) error { return nil },
+			Window:  consumer.WindowPolicy{Messages: window, Bytes: 1 << 20},
+		}
 		if _, err := js.Publish(ctx, subj, []byte("x")); err != nil {
 			tb.Fatal(err)
 		}
@@ -74,7 +80,7 @@ func idleCost(tb testing.TB, n int, cpuFor time.Duration) (heapPerRoute float64,
 	for {
 		done := 0
 		for _, s := range c.Stats() {
-			if s.Settled[consumer.OutcomeSucceeded] == 1 && s.InFlight == 0 {
+			if s.Settled[consumer.OutcomeSucceeded] == 1 && s.Held == 0 {
 				done++
 			}
 		}

@@ -13,7 +13,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/sluice-go/sluice/internal/natstest"
+	"github.com/sluice-go/sluice/adapters/nats/natstest"
 )
 
 // serveEnv makes the test binary a NATS server instead (see

@@ -82,14 +82,18 @@ func benchBacklogHeap(b *testing.B, backlog int) {
 				}
 			}
 		}
-		src, err := natsadapter.NewSourceFor(ctx, js, name, jetstream.ConsumerConfig{Durable: "mem"}, window, natsadapter.SourceOptions{AckAsync: true})
+		src, err := natsadapter.NewSourceFor(ctx, js, name, jetstream.ConsumerConfig{Durable: "mem"}, natsadapter.SourceOptions{AckAsync: true})
 		if err != nil {
 			b.Fatal(err)
 		}
 		var n atomic.Int64
-		c, err := consumer.New(consumer.Options{}, consumer.Route{Name: "mem", Source: src, Workers: 4,
-			MaxInFlight: window, MaxInFlightBytes: windowBytes,
-			Handler: func(context.Context, *consumer.Message) error { n.Add(1); return nil }})
+		c, err := consumer.New(consumer.Options{}, consumer.Route{
+			Name:    "mem",
+			Source:  src,
+			Workers: 4,
+			Handler: func(context.Context, *consumer.Message) error { n.Add(1); return nil },
+			Window:  consumer.WindowPolicy{Messages: window, Bytes: windowBytes},
+		})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -132,8 +136,8 @@ func benchBacklogHeap(b *testing.B, backlog int) {
 		}
 		close(stop)
 		wg.Wait()
-		if s := c.Stats()[0]; s.PeakInFlightBytes > windowBytes {
-			b.Fatalf("window exceeded: %d bytes", s.PeakInFlightBytes)
+		if s := c.Stats()[0]; s.Window.PeakBytes > windowBytes {
+			b.Fatalf("window exceeded: %d bytes", s.Window.PeakBytes)
 		}
 		peakKiB = max(peakKiB, float64(peak.Load()-min(peak.Load(), base))/1024)
 		baseKiB = float64(base) / 1024

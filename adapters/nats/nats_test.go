@@ -15,10 +15,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	natsadapter "github.com/sluice-go/sluice/adapters/nats"
+	"github.com/sluice-go/sluice/adapters/nats/natstest"
 	"github.com/sluice-go/sluice/consumer"
 	"github.com/sluice-go/sluice/dlq"
 	"github.com/sluice-go/sluice/expiry"
-	"github.com/sluice-go/sluice/internal/natstest"
+	"github.com/sluice-go/sluice/sluicetest"
 )
 
 func setup(t *testing.T, n int) (context.Context, jetstream.JetStream) {
@@ -33,9 +34,12 @@ func setup(t *testing.T, n int) (context.Context, jetstream.JetStream) {
 	return ctx, js
 }
 
-// Every expiredEvery-th message published by publish carries a deadline
-// that has already passed.
+// Every expiredEvery-th message published by publish (ids 500, 1001, ...)
+// carries a deadline that has already passed. Routes read the deadline
+// header by default, so these are never run.
 const expiredEvery = 501
+
+func isExpired(id int) bool { return id%expiredEvery == expiredEvery-1 }
 
 func publish(t *testing.T, ctx context.Context, js jetstream.JetStream, n int) {
 	t.Helper()
@@ -44,7 +48,7 @@ func publish(t *testing.T, ctx context.Context, js jetstream.JetStream, n int) {
 		var futs []jetstream.PubAckFuture
 		for j := i; j < min(i+par, n); j++ {
 			h := nats.Header{"Id": []string{strconv.Itoa(j)}}
-			if j%expiredEvery == 0 {
+			if isExpired(j) {
 				// Already past its deadline: a route with a header
 				// deadline policy must never run it.
 				h.Set(expiry.DefaultHeader, expiry.FormatDeadline(time.Now().Add(-time.Minute)))
@@ -94,7 +98,7 @@ func runUntil(t *testing.T, c *consumer.Consumer, timeout time.Duration, cond fu
 func TestLedgerNothingLost(t *testing.T) {
 	const n = 10000
 	ctx, js := setup(t, n)
-	src, err := natsadapter.NewSourceFor(ctx, js, "WORK", jetstream.ConsumerConfig{Durable: "ledger", AckWait: 10 * time.Second}, 64, natsadapter.SourceOptions{PollWait: 200 * time.Millisecond})
+	src, err := natsadapter.NewSourceFor(ctx, js, "WORK", jetstream.ConsumerConfig{Durable: "ledger", AckWait: 10 * time.Second}, natsadapter.SourceOptions{PollWait: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,7 +116,7 @@ func TestLedgerNothingLost(t *testing.T) {
 	// Messages were published in id order, so sequence = id+1 (the
 	// handler checks); an expired message is acked with no work to wait for.
 	obs := watchAcks(t, js, "WORK", func(kind string, seq uint64) bool {
-		if kind == "+ACK" && (seq-1)%expiredEvery == 0 {
+		if kind == "+ACK" && isExpired(int(seq-1)) {
 			return true
 		}
 		_, ok := done.Load(seq)
@@ -123,7 +127,7 @@ func TestLedgerNothingLost(t *testing.T) {
 	h := func(_ context.Context, m *consumer.Message) error {
 		time.Sleep(time.Duration(rand.IntN(200)) * time.Microsecond)
 		id, _ := strconv.Atoi(m.Headers.Get("Id"))
-		if id%expiredEvery == 0 {
+		if isExpired(id) {
 			ranExpired.Add(1)
 		}
 		if m.Origin.Sequence != uint64(id)+1 {
@@ -151,17 +155,23 @@ func TestLedgerNothingLost(t *testing.T) {
 		}
 		return err
 	})
-	c, err := consumer.New(consumer.Options{}, consumer.Route{Name: "ledger", Source: src, Handler: h,
-		Workers: 8, MaxInFlight: 64, MaxInFlightBytes: 1 << 20, DeadLetter: dead, Group: "ledger",
-		Expiry: expiry.Policy{UseHeader: true},
-		Retry:  consumer.RetryPolicy{MaxAttempts: 10, BaseDelay: time.Millisecond, MaxDelay: 10 * time.Millisecond}})
+	c, err := consumer.New(consumer.Options{}, consumer.Route{
+		Name:       "ledger",
+		Source:     src,
+		Handler:    h,
+		Workers:    8,
+		Expiry:     expiry.Policy{},
+		Retry:      consumer.RetryPolicy{MaxAttempts: 10, BaseDelay: time.Millisecond, MaxDelay: 10 * time.Millisecond},
+		Window:     consumer.WindowPolicy{Messages: 64, Bytes: 1 << 20},
+		DeadLetter: consumer.DeadLetterPolicy{Sink: dead},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	poison, expired := 0, 0
 	for i := 0; i < n; i++ {
 		switch {
-		case i%expiredEvery == 0:
+		case isExpired(i):
 			expired++
 		case i%997 == 0:
 			poison++
@@ -212,7 +222,7 @@ func TestLedgerNothingLost(t *testing.T) {
 		t.Fatalf("expired: %d settled, want %d; handler ran %d expired messages", got, expired, ranExpired.Load())
 	}
 	for i := 0; i < n; i++ {
-		if i%expiredEvery == 0 {
+		if isExpired(i) {
 			if acked[i] > 0 || deadIDs[i] {
 				t.Fatalf("expired %d was processed", i)
 			}
@@ -303,17 +313,22 @@ func (w *ackWatch) wait(t *testing.T, acks, terms int) {
 func TestWindowBound(t *testing.T) {
 	const window, bytesWin = 16, 64   // bytes bind first: about 8 messages
 	ctx, js := setup(t, 10*window*10) // far above the window
-	src, err := natsadapter.NewSourceFor(ctx, js, "WORK", jetstream.ConsumerConfig{Durable: "win"}, window, natsadapter.SourceOptions{PollWait: 200 * time.Millisecond})
+	src, err := natsadapter.NewSourceFor(ctx, js, "WORK", jetstream.ConsumerConfig{Durable: "win"}, natsadapter.SourceOptions{PollWait: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var handled atomic.Int64
-	c, err := consumer.New(consumer.Options{}, consumer.Route{Name: "win", Source: src, Workers: 4, MaxInFlight: window, MaxInFlightBytes: bytesWin,
+	c, err := consumer.New(consumer.Options{}, consumer.Route{
+		Name:    "win",
+		Source:  src,
+		Workers: 4,
 		Handler: func(context.Context, *consumer.Message) error {
 			time.Sleep(time.Millisecond)
 			handled.Add(1)
 			return nil
-		}})
+		},
+		Window: consumer.WindowPolicy{Messages: window, Bytes: bytesWin},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -324,8 +339,8 @@ func TestWindowBound(t *testing.T) {
 		}
 	})
 	s := c.Stats()[0]
-	if s.PeakInFlight > window || s.PeakInFlightBytes > bytesWin {
-		t.Fatalf("window exceeded: peak %d msgs %d bytes", s.PeakInFlight, s.PeakInFlightBytes)
+	if s.Window.Peak > window || s.Window.PeakBytes > bytesWin {
+		t.Fatalf("window exceeded: peak %d msgs %d bytes", s.Window.Peak, s.Window.PeakBytes)
 	}
 	if !sawBacklog.Load() {
 		t.Fatal("never saw a 10x backlog waiting in the stream")
@@ -334,25 +349,30 @@ func TestWindowBound(t *testing.T) {
 	if info.NumAckPending > window {
 		t.Fatalf("server ack pending %d > window", info.NumAckPending)
 	}
-	t.Logf("peak %d/%d msgs, %d/%d bytes", s.PeakInFlight, window, s.PeakInFlightBytes, bytesWin)
+	t.Logf("peak %d/%d msgs, %d/%d bytes", s.Window.Peak, window, s.Window.PeakBytes, bytesWin)
 }
 
 func TestSlowHandlerKeptAlive(t *testing.T) {
 	ctx, js := setup(t, 2)
-	src, err := natsadapter.NewSourceFor(ctx, js, "WORK", jetstream.ConsumerConfig{Durable: "slow", AckWait: time.Second}, 4, natsadapter.SourceOptions{PollWait: 200 * time.Millisecond})
+	src, err := natsadapter.NewSourceFor(ctx, js, "WORK", jetstream.ConsumerConfig{Durable: "slow", AckWait: time.Second}, natsadapter.SourceOptions{PollWait: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var mu sync.Mutex
 	var attempts []int
-	c, err := consumer.New(consumer.Options{}, consumer.Route{Name: "slow", Source: src, Workers: 2, MaxInFlight: 4, MaxInFlightBytes: 1 << 20,
+	c, err := consumer.New(consumer.Options{}, consumer.Route{
+		Name:    "slow",
+		Source:  src,
+		Workers: 2,
 		Handler: func(_ context.Context, m *consumer.Message) error {
 			mu.Lock()
 			attempts = append(attempts, m.Attempt)
 			mu.Unlock()
 			time.Sleep(2500 * time.Millisecond)
 			return nil
-		}})
+		},
+		Window: consumer.WindowPolicy{Messages: 4, Bytes: 1 << 20},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -375,7 +395,7 @@ func TestSlowHandlerKeptAlive(t *testing.T) {
 
 func TestDLQFailureKeepsOriginal(t *testing.T) {
 	ctx, js := setup(t, 1)
-	src, err := natsadapter.NewSourceFor(ctx, js, "WORK", jetstream.ConsumerConfig{Durable: "dlqfail"}, 4, natsadapter.SourceOptions{PollWait: 200 * time.Millisecond})
+	src, err := natsadapter.NewSourceFor(ctx, js, "WORK", jetstream.ConsumerConfig{Durable: "dlqfail"}, natsadapter.SourceOptions{PollWait: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -386,20 +406,27 @@ func TestDLQFailureKeepsOriginal(t *testing.T) {
 	if err := js.DeleteStream(ctx, "DEAD"); err != nil { // every write now fails: no stream on the subject
 		t.Fatal(err)
 	}
-	var maxAttempt atomic.Int64
-	c, err := consumer.New(consumer.Options{}, consumer.Route{Name: "dlqfail", Source: src, Workers: 1, MaxInFlight: 4, MaxInFlightBytes: 1 << 20,
-		DeadLetter: dlq.SinkFunc(func(ctx context.Context, l *dlq.Letter) error {
+	var runs, writes, maxAttempt atomic.Int64
+	c, err := consumer.New(consumer.Options{}, consumer.Route{
+		Name:    "dlqfail",
+		Source:  src,
+		Workers: 1,
+		Retry:   consumer.RetryPolicy{BaseDelay: time.Millisecond, MaxDelay: time.Millisecond},
+		Handler: func(_ context.Context, m *consumer.Message) error {
+			runs.Add(1)
+			return consumer.Permanent(errors.New("poison"))
+		},
+		Window: consumer.WindowPolicy{Messages: 4, Bytes: 1 << 20},
+		DeadLetter: consumer.DeadLetterPolicy{Sink: dlq.SinkFunc(func(ctx context.Context, l *dlq.Letter) error {
+			writes.Add(1)
+			if int64(l.Attempts) > maxAttempt.Load() {
+				maxAttempt.Store(int64(l.Attempts))
+			}
 			ctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 			defer cancel()
 			return sink.Write(ctx, l)
-		}),
-		Retry: consumer.RetryPolicy{BaseDelay: time.Millisecond, MaxDelay: time.Millisecond},
-		Handler: func(_ context.Context, m *consumer.Message) error {
-			if int64(m.Attempt) > maxAttempt.Load() {
-				maxAttempt.Store(int64(m.Attempt))
-			}
-			return consumer.Permanent(errors.New("poison"))
-		}})
+		})},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -407,6 +434,10 @@ func TestDLQFailureKeepsOriginal(t *testing.T) {
 	s := c.Stats()[0]
 	if s.Settled[consumer.OutcomeDLQFailed] < 2 || s.Settled[consumer.OutcomeDeadLettered] != 0 {
 		t.Fatalf("stats %+v", s)
+	}
+	// Its redeliveries are written to the sink again, never run again.
+	if runs.Load() != 1 || writes.Load() < 3 {
+		t.Fatalf("handler ran %d times, %d dead-letter writes: want 1 run, a write per delivery", runs.Load(), writes.Load())
 	}
 	info, err := src.Consumer().Info(ctx)
 	if err != nil {
@@ -435,7 +466,7 @@ func TestOversizeMessageFetchedAlone(t *testing.T) {
 	if err != nil || len(msgs) != 1 || len(msgs[0].Value) != 4096 {
 		t.Fatalf("got %d msgs, err %v", len(msgs), err)
 	}
-	if err := msgs[0].Acker.Ack(ctx); err != nil {
+	if err := sluicetest.Settle(ctx, msgs[0], consumer.Settlement{Op: consumer.SettleAck}); err != nil {
 		t.Fatal(err)
 	}
 	// Nothing left: Fetch returns (nil, nil) within PollWait.
@@ -453,9 +484,15 @@ func TestOversizeMessageFetchedAlone(t *testing.T) {
 
 func TestNewSourceForRejectsSmallMaxAckPending(t *testing.T) {
 	ctx, js := setup(t, 0)
-	_, err := natsadapter.NewSourceFor(ctx, js, "WORK", jetstream.ConsumerConfig{Durable: "small", MaxAckPending: 4}, 64, natsadapter.SourceOptions{})
+	src, err := natsadapter.NewSourceFor(ctx, js, "WORK", jetstream.ConsumerConfig{Durable: "small", MaxAckPending: 4}, natsadapter.SourceOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = consumer.New(consumer.Options{}, consumer.Route{Name: "small", Source: src,
+		Handler: func(context.Context, *consumer.Message) error { return nil },
+		Window:  consumer.WindowPolicy{Messages: 8}})
 	if !errors.Is(err, consumer.ErrInvalidOption) {
-		t.Fatalf("err %v", err)
+		t.Fatalf("MaxAckPending 4 under a window of 8: %v", err)
 	}
 }
 
@@ -511,7 +548,7 @@ func TestParseAckSubject(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	src, err := natsadapter.NewSourceFor(ctx, nc, "META", jetstream.ConsumerConfig{Durable: "m"}, 10, natsadapter.SourceOptions{})
+	src, err := natsadapter.NewSourceFor(ctx, nc, "META", jetstream.ConsumerConfig{Durable: "m"}, natsadapter.SourceOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -537,7 +574,7 @@ func TestParseAckSubject(t *testing.T) {
 		if m.Origin.Sequence != uint64(i+1) || m.Attempt != 1 || m.Topic != "meta.x" {
 			t.Errorf("msg %d: seq %d attempt %d topic %q", i, m.Origin.Sequence, m.Attempt, m.Topic)
 		}
-		_ = m.Acker.Ack(ctx)
+		_ = sluicetest.Settle(ctx, m, consumer.Settlement{Op: consumer.SettleAck})
 	}
 }
 
@@ -545,14 +582,19 @@ func TestParseAckSubject(t *testing.T) {
 // PollWait: the pull is no_wait with an expiry.
 func TestPartialBatchNotHeldForPollWait(t *testing.T) {
 	ctx, js := setup(t, 0)
-	src, err := natsadapter.NewSourceFor(ctx, js, "WORK", jetstream.ConsumerConfig{Durable: "lat"}, 64,
+	src, err := natsadapter.NewSourceFor(ctx, js, "WORK", jetstream.ConsumerConfig{Durable: "lat"},
 		natsadapter.SourceOptions{PollWait: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
 	handled := make(chan time.Time, 16)
-	c, err := consumer.New(consumer.Options{}, consumer.Route{Name: "lat", Source: src, Workers: 2, MaxInFlight: 64, MaxInFlightBytes: 1 << 20,
-		Handler: func(context.Context, *consumer.Message) error { handled <- time.Now(); return nil }})
+	c, err := consumer.New(consumer.Options{}, consumer.Route{
+		Name:    "lat",
+		Source:  src,
+		Workers: 2,
+		Handler: func(context.Context, *consumer.Message) error { handled <- time.Now(); return nil },
+		Window:  consumer.WindowPolicy{Messages: 64, Bytes: 1 << 20},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -587,11 +629,18 @@ func TestNewSourceChecksWrappedConsumer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := natsadapter.NewSource(js, cons, natsadapter.SourceOptions{Window: 64}); !errors.Is(err, consumer.ErrInvalidOption) {
-		t.Fatalf("MaxAckPending 8 under window 64: %v", err)
-	}
-	if _, err := natsadapter.NewSource(js, cons, natsadapter.SourceOptions{Window: 8}); err != nil {
-		t.Fatal(err)
+	for _, tc := range []struct {
+		window int
+		ok     bool
+	}{{64, false}, {8, true}} {
+		src, err := natsadapter.NewSource(js, cons, natsadapter.SourceOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = src.Attach(consumer.RouteLimits{Route: "r", Messages: tc.window, Bytes: 1 << 20})
+		if tc.ok != (err == nil) || err != nil && !errors.Is(err, consumer.ErrInvalidOption) {
+			t.Fatalf("MaxAckPending 8, window %d: %v", tc.window, err)
+		}
 	}
 	none, err := js.CreateOrUpdateConsumer(ctx, "WORK", jetstream.ConsumerConfig{Durable: "noack", AckPolicy: jetstream.AckNonePolicy})
 	if err != nil {
@@ -604,12 +653,17 @@ func TestNewSourceChecksWrappedConsumer(t *testing.T) {
 
 func TestRouteRefusesMoreAttemptsThanMaxDeliver(t *testing.T) {
 	ctx, js := setup(t, 0)
-	src, err := natsadapter.NewSourceFor(ctx, js, "WORK", jetstream.ConsumerConfig{Durable: "md", MaxDeliver: 2}, 8, natsadapter.SourceOptions{})
+	src, err := natsadapter.NewSourceFor(ctx, js, "WORK", jetstream.ConsumerConfig{Durable: "md", MaxDeliver: 2}, natsadapter.SourceOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = consumer.New(consumer.Options{}, consumer.Route{Name: "md", Source: src, Workers: 1, MaxInFlight: 8, MaxInFlightBytes: 1 << 20,
-		Handler: func(context.Context, *consumer.Message) error { return nil }}) // default MaxAttempts 3
+	_, err = consumer.New(consumer.Options{}, consumer.Route{
+		Name:    "md",
+		Source:  src,
+		Workers: 1,
+		Handler: func(context.Context, *consumer.Message) error { return nil },
+		Window:  consumer.WindowPolicy{Messages: 8, Bytes: 1 << 20},
+	}) // default MaxAttempts 3
 	if !errors.Is(err, consumer.ErrInvalidOption) {
 		t.Fatalf("MaxAttempts 3 with MaxDeliver 2: %v", err)
 	}
@@ -630,19 +684,24 @@ func TestStatusHeaderMessageReachesHandler(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	src, err := natsadapter.NewSourceFor(ctx, js, "WORK", jetstream.ConsumerConfig{Durable: "status"}, 8, natsadapter.SourceOptions{PollWait: 200 * time.Millisecond})
+	src, err := natsadapter.NewSourceFor(ctx, js, "WORK", jetstream.ConsumerConfig{Durable: "status"}, natsadapter.SourceOptions{PollWait: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var mu sync.Mutex
 	got := map[string]string{}
-	c, err := consumer.New(consumer.Options{}, consumer.Route{Name: "status", Source: src, Workers: 1, MaxInFlight: 8, MaxInFlightBytes: 1 << 20,
+	c, err := consumer.New(consumer.Options{}, consumer.Route{
+		Name:    "status",
+		Source:  src,
+		Workers: 1,
 		Handler: func(_ context.Context, m *consumer.Message) error {
 			mu.Lock()
 			got[m.Headers.Get("Id")] = m.Headers.Get("Status")
 			mu.Unlock()
 			return nil
-		}})
+		},
+		Window: consumer.WindowPolicy{Messages: 8, Bytes: 1 << 20},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,11 +19,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	natsadapter "github.com/sluice-go/sluice/adapters/nats"
+	"github.com/sluice-go/sluice/adapters/nats/natstest"
 	"github.com/sluice-go/sluice/backpressure"
 	"github.com/sluice-go/sluice/consumer"
 	"github.com/sluice-go/sluice/dlq"
 	"github.com/sluice-go/sluice/expiry"
-	"github.com/sluice-go/sluice/internal/natstest"
 )
 
 // replayRig is a server with an ORDERS stream (the replay target) and the
@@ -337,19 +337,23 @@ func TestReplayLoopGuardEndToEnd(t *testing.T) {
 	if _, err := r.js.Publish(r.ctx, "orders.new", []byte("doomed")); err != nil {
 		t.Fatal(err)
 	}
-	src, err := natsadapter.NewSourceFor(r.ctx, r.js, "ORDERS", jetstream.ConsumerConfig{Durable: "orders"}, 8,
+	src, err := natsadapter.NewSourceFor(r.ctx, r.js, "ORDERS", jetstream.ConsumerConfig{Durable: "orders"},
 		natsadapter.SourceOptions{PollWait: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var handled atomic.Int64
 	c, err := consumer.New(consumer.Options{ShutdownGrace: time.Second}, consumer.Route{
-		Name: "orders", Source: src, Criticality: backpressure.Critical, Workers: 1, MaxInFlight: 8, MaxInFlightBytes: 1 << 20,
-		DeadLetter: r.sink, Group: "orders",
+		Name:    "orders",
+		Source:  src,
+		Workers: 1,
 		Handler: func(ctx context.Context, m *consumer.Message) error {
 			handled.Add(1)
 			return consumer.Permanent(errors.New("cannot parse"))
 		},
+		Window:     consumer.WindowPolicy{Messages: 8, Bytes: 1 << 20},
+		Overload:   consumer.OverloadPolicy{Criticality: backpressure.Critical},
+		DeadLetter: consumer.DeadLetterPolicy{Sink: r.sink},
 	})
 	if err != nil {
 		t.Fatal(err)

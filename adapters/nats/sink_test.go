@@ -19,8 +19,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	natsadapter "github.com/sluice-go/sluice/adapters/nats"
+	"github.com/sluice-go/sluice/adapters/nats/natstest"
 	"github.com/sluice-go/sluice/dlq"
-	"github.com/sluice-go/sluice/internal/natstest"
 )
 
 // replyDropper is a TCP proxy between a client and a NATS server that,

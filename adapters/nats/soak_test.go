@@ -68,19 +68,19 @@ func TestSoak2x(t *testing.T) {
 		baseline bool
 	}{
 		{"no-shedding", func(*consumer.Route) {}, true},
-		{"near-deadline-nak", func(r *consumer.Route) { r.ShedNearDeadline = 20 * time.Millisecond }, false},
+		{"near-deadline-nak", func(r *consumer.Route) { r.Overload.ShedNearDeadline = 20 * time.Millisecond }, false},
 		{"near-deadline-ack", func(r *consumer.Route) {
-			r.ShedNearDeadline = 20 * time.Millisecond
-			r.OnShed = consumer.ShedAck
+			r.Overload.ShedNearDeadline = 20 * time.Millisecond
+			r.Overload.OnShed = consumer.ShedAck
 		}, false},
 		{"queue-length-nak", func(r *consumer.Route) {
-			r.ShedQueueLength = 16
-			r.Drop = consumer.DropOldest
+			r.Overload.Queue.MaxLength = 16
+			r.Overload.Queue.DropWhenFull = consumer.DropOldest
 		}, false},
 		{"queue-length-ack", func(r *consumer.Route) {
-			r.ShedQueueLength = 16
-			r.Drop = consumer.DropOldest
-			r.OnShed = consumer.ShedAck
+			r.Overload.Queue.MaxLength = 16
+			r.Overload.Queue.DropWhenFull = consumer.DropOldest
+			r.Overload.OnShed = consumer.ShedAck
 		}, false},
 	}
 	for i, st := range settings {
@@ -98,15 +98,20 @@ const (
 )
 
 func soakRoute(src consumer.Source, done *atomic.Int64) consumer.Route {
-	return consumer.Route{Name: "soak", Source: src, Workers: soakWorkers, MaxInFlight: soakWindow, MaxInFlightBytes: 8 << 20,
-		Expiry: expiry.Policy{UseHeader: true},
+	return consumer.Route{
+		Name:    "soak",
+		Source:  src,
+		Workers: soakWorkers,
+		Expiry:  expiry.Policy{},
 		Handler: func(ctx context.Context, m *consumer.Message) error {
 			time.Sleep(soakWork)
 			if done != nil {
 				done.Add(1)
 			}
 			return nil
-		}}
+		},
+		Window: consumer.WindowPolicy{Messages: soakWindow, Bytes: 8 << 20},
+	}
 }
 
 // soakCapacity drains a backlog without deadlines and returns the route's
@@ -133,7 +138,7 @@ func soakCapacity(t *testing.T, js jetstream.JetStream) float64 {
 			t.Fatal(err)
 		}
 	}
-	src, err := natsadapter.NewSourceFor(ctx, js, "SOAKCAP", jetstream.ConsumerConfig{Durable: "cap"}, soakWindow, natsadapter.SourceOptions{})
+	src, err := natsadapter.NewSourceFor(ctx, js, "SOAKCAP", jetstream.ConsumerConfig{Durable: "cap"}, natsadapter.SourceOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,7 +180,7 @@ func soakRun(t *testing.T, js jetstream.JetStream, stream string, capacity float
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{subj}}); err != nil {
 		t.Fatal(err)
 	}
-	src, err := natsadapter.NewSourceFor(ctx, js, stream, jetstream.ConsumerConfig{Durable: "soak"}, soakWindow, natsadapter.SourceOptions{})
+	src, err := natsadapter.NewSourceFor(ctx, js, stream, jetstream.ConsumerConfig{Durable: "soak"}, natsadapter.SourceOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -266,7 +271,7 @@ func soakRun(t *testing.T, js jetstream.JetStream, stream string, capacity float
 	first, last := heaps[0], heaps[len(heaps)-1]
 	sort.Slice(heaps, func(i, j int) bool { return heaps[i] < heaps[j] })
 	var shed uint64
-	for _, r := range s.Shed {
+	for _, r := range s.Overload.Shed {
 		for _, v := range r {
 			shed += v
 		}
@@ -274,7 +279,7 @@ func soakRun(t *testing.T, js jetstream.JetStream, stream string, capacity float
 	t.Logf("goodput %.0f msg/s = %.1f%% of capacity %.0f (offered %.0f/s); worst 5 s window %.0f; windows %s",
 		mean, 100*mean/capacity, capacity, offered, worst, strings.Join(line, " "))
 	t.Logf("heap %.1f MiB first, %.1f MiB last, %.1f-%.1f MiB range; goroutines %d-%d; shed %d, expired %d, late %d, fetch errors %d, settle errors %d, publish errors %d; source %+v",
-		mib(first), mib(last), mib(heaps[0]), mib(heaps[len(heaps)-1]), gmin, gmax, shed, s.Settled[consumer.OutcomeExpired], s.Late, s.FetchErrors, s.SettleErrors, pubErrs.Load(), src.Stats())
+		mib(first), mib(last), mib(heaps[0]), mib(heaps[len(heaps)-1]), gmin, gmax, shed, s.Settled[consumer.OutcomeExpired], s.Late, s.Errors.Fetch, s.Errors.Settle, pubErrs.Load(), src.Stats())
 	if mean < 0.9*capacity && !baseline {
 		t.Errorf("goodput %.0f/s is %.1f%% of capacity (want >= 90%%)", mean, 100*mean/capacity)
 	}

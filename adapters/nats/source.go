@@ -33,10 +33,6 @@ type SourceOptions struct {
 	// its subject. (Before 1.0 the default was the Nats-Msg-Id header,
 	// which is unique per message and so orders nothing.)
 	KeyHeader string
-	// Window, when > 0, is the route's MaxInFlight: NewSource then refuses
-	// a consumer whose MaxAckPending is below it (the server would stall
-	// the route under its window). NewSourceFor sets it.
-	Window int
 	// AckTimeout is how long a settlement waits for the server's answer
 	// before it is re-sent (Ack and Term, at most twice) or given up as
 	// unconfirmed (the broker then redelivers the message after AckWait
@@ -90,11 +86,12 @@ type Source struct {
 	ch     chan *nats.Msg
 	inbox  string
 	closed bool
+	route  string // the route attached (Attach)
+	window int    // its message window, sizes ch (Attach)
 
 	// Used by the fetch loop only.
 	seq       uint64
 	req       openRequest
-	window    int       // the route's message window, sizes ch
 	infoAt    time.Time // when ackFloor was last read
 	ackFloor  uint64    // the consumer's ack floor (stream sequence) when last read
 	delivered int       // deliveries since infoAt
@@ -106,6 +103,7 @@ type Source struct {
 	autoAckPending bool
 	reserve        int
 	sizeRetry      time.Time
+	sizeNow        bool // Attach stated the window: size MaxAckPending at the next pull
 
 	// gen counts recreations of the consumer: a settlement of a delivery
 	// from an earlier generation cannot land (the server ignores, without
@@ -173,11 +171,7 @@ func (s *Source) maxAckPending() int {
 	return 0
 }
 
-var (
-	_ consumer.Source          = (*Source)(nil)
-	_ consumer.AckWaiter       = (*Source)(nil)
-	_ consumer.DeliveryLimiter = (*Source)(nil)
-)
+var _ consumer.Source = (*Source)(nil)
 
 // NewSource wraps cons, a pull consumer with AckPolicy explicit reached
 // through js (its connection carries the pull requests). Use it to run a
@@ -208,9 +202,6 @@ func NewSource(js jetstream.JetStream, cons jetstream.Consumer, opts SourceOptio
 	if info.Config.AckPolicy != jetstream.AckExplicitPolicy {
 		return nil, fmt.Errorf("%w: consumer %q must use AckPolicy explicit", consumer.ErrInvalidOption, info.Name)
 	}
-	if mp := info.Config.MaxAckPending; opts.Window > 0 && mp > 0 && mp < opts.Window {
-		return nil, fmt.Errorf("%w: consumer %q has MaxAckPending %d, below the route window %d", consumer.ErrInvalidOption, info.Name, mp, opts.Window)
-	}
 	if info.Config.DeliverSubject != "" {
 		return nil, fmt.Errorf("%w: consumer %q is a push consumer", consumer.ErrInvalidOption, info.Name)
 	}
@@ -235,7 +226,6 @@ func NewSource(js jetstream.JetStream, cons jetstream.Consumer, opts SourceOptio
 		name:     info.Name,
 		next:     prefix + "CONSUMER.MSG.NEXT." + info.Stream + "." + info.Name,
 		set:      newSettler(nc, opts.AckTimeout),
-		window:   opts.Window,
 		infoAt:   time.Now(),
 		ackFloor: info.AckFloor.Stream,
 	}, nil
@@ -246,8 +236,9 @@ func NewSource(js jetstream.JetStream, cons jetstream.Consumer, opts SourceOptio
 // deleted on the server while the Source runs, the Source recreates it
 // (see ErrConsumerDeleted).
 //
-// MaxAckPending 0 (the default) lets the Source size it: the window plus
-// a reserve for delayed naks (retry backoff, shed messages, failed
+// MaxAckPending 0 (the default) lets the Source size it, once the route
+// that attaches it states its window: the window plus a reserve for
+// delayed naks (retry backoff, shed messages, failed
 // dead-letter writes), which JetStream keeps ack-pending until they are
 // redelivered. The reserve starts at max(window, 256) and the Source
 // raises MaxAckPending (never lowers it) when delayed naks take half of
@@ -256,26 +247,22 @@ func NewSource(js jetstream.JetStream, cons jetstream.Consumer, opts SourceOptio
 // would stall the route below its window). When several processes share
 // one durable and you set it, leave room for their windows and their
 // delayed naks.
-func NewSourceFor(ctx context.Context, js jetstream.JetStream, stream string, cfg jetstream.ConsumerConfig, window int, opts SourceOptions) (*Source, error) {
-	if window <= 0 {
-		return nil, fmt.Errorf("%w: window must be > 0, got %d", consumer.ErrInvalidOption, window)
-	}
+func NewSourceFor(ctx context.Context, js jetstream.JetStream, stream string, cfg jetstream.ConsumerConfig, opts SourceOptions) (*Source, error) {
 	if cfg.AckPolicy != jetstream.AckExplicitPolicy && cfg.AckPolicy != 0 {
 		return nil, fmt.Errorf("%w: AckPolicy must be explicit", consumer.ErrInvalidOption)
 	}
 	cfg.AckPolicy = jetstream.AckExplicitPolicy
 	auto := cfg.MaxAckPending == 0
-	switch {
-	case auto:
-		cfg.MaxAckPending = window + initialDelayReserve(window)
-	case cfg.MaxAckPending > 0 && cfg.MaxAckPending < window:
-		return nil, fmt.Errorf("%w: MaxAckPending %d is below the route window %d", consumer.ErrInvalidOption, cfg.MaxAckPending, window)
+	if auto {
+		// Until the route attaches the Source and states its window, the
+		// consumer gets the reserve alone; the first Fetch raises it to
+		// the window plus the reserve.
+		cfg.MaxAckPending = minDelayReserve
 	}
 	cons, err := js.CreateOrUpdateConsumer(ctx, stream, cfg)
 	if err != nil {
 		return nil, err
 	}
-	opts.Window = window
 	s, err := NewSource(js, cons, opts)
 	if err != nil {
 		return nil, err
@@ -284,9 +271,7 @@ func NewSourceFor(ctx context.Context, js jetstream.JetStream, stream string, cf
 		cfg.Name = s.name // an ephemeral: recreate it under the name the server gave it
 	}
 	s.owned = &cfg
-	if auto {
-		s.autoAckPending, s.reserve = true, initialDelayReserve(window)
-	}
+	s.autoAckPending = auto
 	return s, nil
 }
 
@@ -300,22 +285,51 @@ func (s *Source) Consumer() jetstream.Consumer {
 
 func (s *Source) info() *jetstream.ConsumerInfo { return s.Consumer().CachedInfo() }
 
-// AckWait returns the consumer's AckWait, so the consumer keeps long
-// handlers alive with InProgress.
-func (s *Source) AckWait() time.Duration {
-	if info := s.info(); info != nil {
-		if info.Config.AckWait > 0 {
-			return info.Config.AckWait
+// Attach implements consumer.Source: the Source sizes its pull replies from
+// the route's window and, when it sizes the consumer's MaxAckPending itself
+// (NewSourceFor with MaxAckPending 0), the window plus a reserve for
+// delayed naks (set on the server by the first Fetch). It refuses a
+// consumer whose MaxAckPending you set below the window (the server would
+// stall the route under it), and reports the consumer's AckWait and
+// MaxDeliver.
+func (s *Source) Attach(l consumer.RouteLimits) (consumer.SourceInfo, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.route != "" && s.route != l.Route {
+		return consumer.SourceInfo{}, fmt.Errorf("%w: natsadapter source for consumer %q already serves route %q", consumer.ErrInvalidOption, s.name, s.route)
+	}
+	info := s.cons.CachedInfo()
+	if info != nil && !s.autoAckPending {
+		if mp := info.Config.MaxAckPending; mp > 0 && mp < l.Messages {
+			return consumer.SourceInfo{}, fmt.Errorf("%w: consumer %q has MaxAckPending %d, below the route window %d", consumer.ErrInvalidOption, s.name, mp, l.Messages)
 		}
+	}
+	s.route, s.window = l.Route, l.Messages
+	if s.autoAckPending {
+		s.reserve = initialDelayReserve(l.Messages)
+		s.sizeNow = true
+	}
+	return consumer.SourceInfo{AckWait: s.ackWaitLocked(info), MaxDeliver: s.maxDeliverLocked(info)}, nil
+}
+
+// AckWait returns the consumer's AckWait (the route keeps what it holds
+// alive with InProgress at a third of it).
+func (s *Source) AckWait() time.Duration { return s.ackWaitLocked(s.info()) }
+
+func (s *Source) ackWaitLocked(info *jetstream.ConsumerInfo) time.Duration {
+	if info != nil && info.Config.AckWait > 0 {
+		return info.Config.AckWait
 	}
 	return 30 * time.Second // the server default
 }
 
 // MaxDeliver returns the consumer's MaxDeliver (<= 0: unlimited), so the
 // route refuses more attempts than the server will deliver and dead-letters
-// the last delivery instead of nak'ing it away (consumer.DeliveryLimiter).
-func (s *Source) MaxDeliver() int {
-	if info := s.info(); info != nil {
+// the last delivery instead of nak'ing it away.
+func (s *Source) MaxDeliver() int { return s.maxDeliverLocked(s.info()) }
+
+func (s *Source) maxDeliverLocked(info *jetstream.ConsumerInfo) int {
+	if info != nil {
 		return info.Config.MaxDeliver
 	}
 	return 0

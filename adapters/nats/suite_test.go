@@ -10,9 +10,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	natsadapter "github.com/sluice-go/sluice/adapters/nats"
+	"github.com/sluice-go/sluice/adapters/nats/natstest"
 	"github.com/sluice-go/sluice/consumer"
 	"github.com/sluice-go/sluice/internal/adaptertest"
-	"github.com/sluice-go/sluice/internal/natstest"
 )
 
 // TestAdapterSuite runs the cases every adapter passes, on the embedded
@@ -64,10 +64,10 @@ func (tp *natsTopic) Publish(t *testing.T, msgs []adaptertest.Msg) {
 	}
 }
 
-func (tp *natsTopic) Source(t *testing.T, group string, window int, _ int64) consumer.Source {
+func (tp *natsTopic) Source(t *testing.T, group string) consumer.Source {
 	t.Helper()
 	src, err := natsadapter.NewSourceFor(context.Background(), tp.js, tp.stream,
-		jetstream.ConsumerConfig{Durable: group, AckWait: 5 * time.Second}, window,
+		jetstream.ConsumerConfig{Durable: group, AckWait: 5 * time.Second},
 		natsadapter.SourceOptions{PollWait: 500 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)

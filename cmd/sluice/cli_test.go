@@ -14,8 +14,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	natsadapter "github.com/sluice-go/sluice/adapters/nats"
+	"github.com/sluice-go/sluice/adapters/nats/natstest"
 	"github.com/sluice-go/sluice/dlq"
-	"github.com/sluice-go/sluice/internal/natstest"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/*.golden")

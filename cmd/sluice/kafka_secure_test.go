@@ -13,8 +13,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	kafkaadapter "github.com/sluice-go/sluice/adapters/kafka"
+	"github.com/sluice-go/sluice/adapters/kafka/kafkatest"
 	"github.com/sluice-go/sluice/dlq"
-	"github.com/sluice-go/sluice/internal/kafkatest"
 )
 
 // secureKafka is a Kafka listener that demands TLS or SASL, with the CLI

@@ -7,8 +7,8 @@ import (
 	"time"
 
 	kafkaadapter "github.com/sluice-go/sluice/adapters/kafka"
+	"github.com/sluice-go/sluice/adapters/kafka/kafkatest"
 	"github.com/sluice-go/sluice/dlq"
-	"github.com/sluice-go/sluice/internal/kafkatest"
 )
 
 // kafkaTopics are the fixture's topic names: unique, so the suite also

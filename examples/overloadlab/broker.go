@@ -20,11 +20,11 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	natsadapter "github.com/sluice-go/sluice/adapters/nats"
+	"github.com/sluice-go/sluice/adapters/nats/natstest"
 	"github.com/sluice-go/sluice/backpressure"
 	"github.com/sluice-go/sluice/consumer"
 	"github.com/sluice-go/sluice/expiry"
-	"github.com/sluice-go/sluice/internal/memsource"
-	"github.com/sluice-go/sluice/internal/natstest"
+	"github.com/sluice-go/sluice/sluicetest"
 )
 
 // errRejected is returned by a publish the queue refused because it is full
@@ -402,7 +402,11 @@ func (q *natsQueue) source(ctx context.Context, o srcOpts) (consumer.Source, err
 	if o.tuned {
 		so = natsadapter.SourceOptions{PollWait: 100 * time.Millisecond, AckAsync: true}
 	}
-	return natsadapter.NewSourceFor(ctx, q.b.js, q.stream, jetstream.ConsumerConfig{Durable: "sluice"}, o.messages, so)
+	cfg := jetstream.ConsumerConfig{Durable: "sluice"}
+	if o.tuned {
+		cfg.MaxAckPending = o.messages
+	}
+	return natsadapter.NewSourceFor(ctx, q.b.js, q.stream, cfg, so)
 }
 
 func (q *natsQueue) raw(ctx context.Context, deliver func(rawDelivery)) (func(), error) {
@@ -464,20 +468,19 @@ func (b *memBroker) queue(_ context.Context, _ string, lim limits) (queue, error
 	if lim.maxMsgs > 0 && !lim.dropNew {
 		return nil, fmt.Errorf("%w: no head-drop limit in memory", errUnsupported)
 	}
-	return &memQueue{src: memsource.New(), lim: lim, payload: b.payload}, nil
+	return &memQueue{src: sluicetest.NewSource(), lim: lim, payload: b.payload}, nil
 }
 
 type memQueue struct {
-	src       *memsource.Source
+	src       *sluicetest.Source
 	lim       limits
 	payload   int
 	published atomic.Int64
-	settled   atomic.Int64
 	rejected  atomic.Int64
 }
 
 func (q *memQueue) publish(_ context.Context, m labMsg) error {
-	if q.lim.maxMsgs > 0 && q.published.Load()-q.settled.Load() >= int64(q.lim.maxMsgs) {
+	if q.lim.maxMsgs > 0 && q.published.Load()-int64(q.src.Settled()) >= int64(q.lim.maxMsgs) {
 		q.rejected.Add(1)
 		return errRejected
 	}
@@ -496,66 +499,27 @@ func (q *memQueue) put(ctx context.Context, m labMsg) error {
 
 func (q *memQueue) flush(context.Context) int { return int(q.rejected.Swap(0)) }
 
-func (q *memQueue) source(context.Context, srcOpts) (consumer.Source, error) {
-	return &countingSource{src: q.src, settled: &q.settled}, nil
-}
-
-// countingSource wraps a Source and counts its settled (acked or
-// terminated) messages, so a queue without a broker-side depth knows it.
-type countingSource struct {
-	src     consumer.Source
-	settled *atomic.Int64
-}
-
-func (s *countingSource) Fetch(ctx context.Context, n int, b int64) ([]*consumer.Message, error) {
-	msgs, err := s.src.Fetch(ctx, n, b)
-	for _, m := range msgs {
-		m.Acker = countingAcker{Acker: m.Acker, settled: s.settled}
-	}
-	return msgs, err
-}
-
-// Close closes the wrapped Source, if it has a Close method.
-func (s *countingSource) Close() error {
-	if c, ok := s.src.(interface{ Close() error }); ok {
-		return c.Close()
-	}
-	return nil
-}
-
-type countingAcker struct {
-	consumer.Acker
-	settled *atomic.Int64
-}
-
-func (a countingAcker) Ack(ctx context.Context) error {
-	a.settled.Add(1)
-	return a.Acker.Ack(ctx)
-}
-
-func (a countingAcker) Term(ctx context.Context, reason string) error {
-	a.settled.Add(1)
-	return a.Acker.Term(ctx, reason)
-}
+func (q *memQueue) source(context.Context, srcOpts) (consumer.Source, error) { return q.src, nil }
 
 func (q *memQueue) raw(ctx context.Context, deliver func(rawDelivery)) (func(), error) {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
-	src := &countingSource{src: q.src, settled: &q.settled}
 	go func() {
 		defer close(done)
 		for {
-			msgs, err := src.Fetch(ctx, 1<<16, 1<<40)
+			msgs, err := q.src.Fetch(ctx, 1<<16, 1<<40)
 			if err != nil {
 				return
 			}
 			for _, m := range msgs {
 				lm, ok := decode(m.Value)
 				if !ok {
-					_ = m.Acker.Term(ctx, "undecodable")
+					_ = sluicetest.Settle(ctx, m, consumer.Settlement{Op: consumer.SettleTerm, Reason: "undecodable"})
 					continue
 				}
-				deliver(rawDelivery{msg: lm, ack: func() { _ = m.Acker.Ack(context.Background()) }})
+				deliver(rawDelivery{msg: lm, ack: func() {
+					_ = sluicetest.Settle(context.Background(), m, consumer.Settlement{Op: consumer.SettleAck})
+				}})
 			}
 		}
 	}()
@@ -563,7 +527,7 @@ func (q *memQueue) raw(ctx context.Context, deliver func(rawDelivery)) (func(), 
 }
 
 func (q *memQueue) depth(context.Context) (int, error) {
-	return int(q.published.Load() - q.settled.Load()), nil
+	return int(q.published.Load()) - q.src.Settled(), nil
 }
 
 func (q *memQueue) close() {}

@@ -13,8 +13,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	kafkaadapter "github.com/sluice-go/sluice/adapters/kafka"
+	"github.com/sluice-go/sluice/adapters/kafka/kafkatest"
 	"github.com/sluice-go/sluice/consumer"
-	"github.com/sluice-go/sluice/internal/kafkatest"
 )
 
 // errUnsupported is returned for a queue bound the broker cannot enforce;
@@ -121,7 +121,8 @@ type kafkaQueue struct {
 	pending   atomic.Int64
 	rejected  atomic.Int64
 	published atomic.Int64
-	settled   atomic.Int64
+	settled   atomic.Int64 // by the raw consumer
+	src       *kafkaadapter.Source
 }
 
 func (q *kafkaQueue) msg(m labMsg) kafka.Message {
@@ -161,7 +162,6 @@ func (q *kafkaQueue) flush(ctx context.Context) int {
 func (q *kafkaQueue) source(ctx context.Context, o srcOpts) (consumer.Source, error) {
 	cfg := kafkaadapter.Config{
 		Cluster: &kafkaadapter.Cluster{Brokers: q.b.brokers}, GroupID: q.topic + "-sluice", Topics: []string{q.topic},
-		Window: kafkaadapter.Window{Messages: o.messages, Bytes: o.bytes},
 	}
 	if o.tuned {
 		cfg.FetchMaxWait, cfg.PollWait, cfg.CommitInterval = 20*time.Millisecond, 100*time.Millisecond, 200*time.Millisecond
@@ -171,17 +171,18 @@ func (q *kafkaQueue) source(ctx context.Context, o srcOpts) (consumer.Source, er
 	if err != nil {
 		return nil, err
 	}
-	// Wait for the partition assignment, so a trial's clock does not run
-	// while the group forms.
-	for src.Assigned() == nil {
-		select {
-		case <-ctx.Done():
-			_ = src.Close()
-			return nil, ctx.Err()
-		case <-time.After(20 * time.Millisecond):
-		}
+	q.src = src
+	return src, nil
+}
+
+// ready waits for the Source's partition assignment (it joins its group
+// when its route attaches it), so a trial's clock does not run while the
+// group forms.
+func (q *kafkaQueue) ready(ctx context.Context) error {
+	if q.src == nil {
+		return nil
 	}
-	return &countingSource{src: src, settled: &q.settled}, nil
+	return q.src.Ready(ctx)
 }
 
 func (q *kafkaQueue) raw(ctx context.Context, deliver func(rawDelivery)) (func(), error) {
@@ -213,7 +214,11 @@ func (q *kafkaQueue) raw(ctx context.Context, deliver func(rawDelivery)) (func()
 }
 
 func (q *kafkaQueue) depth(context.Context) (int, error) {
-	return int(q.published.Load() - q.settled.Load()), nil
+	settled := q.settled.Load()
+	if q.src != nil {
+		settled += q.src.Stats().Settled
+	}
+	return int(q.published.Load() - settled), nil
 }
 
 func (q *kafkaQueue) close() {

@@ -12,7 +12,6 @@ import (
 
 	"github.com/sluice-go/sluice/backpressure"
 	"github.com/sluice-go/sluice/consumer"
-	"github.com/sluice-go/sluice/internal/demo"
 )
 
 // kind is which consumer a trial runs. Every table and plot of the lab puts
@@ -259,7 +258,16 @@ func summarize(runs []runRec, w window, keep func(runRec) bool) summary {
 // sleep is the handler's cost: an I/O-like wait, so a 2-core machine can
 // emulate any capacity honestly (CPU-bound handlers would compete with the
 // broker and the producer for the same cores).
-var sleep = demo.Sleep
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
 
 // heapSampler records the peak live heap while it runs.
 type heapSampler struct {

@@ -45,7 +45,8 @@ func dropPolicies(cfg config, rate float64) []struct {
 	}
 	queue := func(order consumer.QueueOrder, drop consumer.DropPolicy) func(*consumer.Route) {
 		return func(r *consumer.Route) {
-			r.QueueOrder, r.Drop, r.ShedQueueLength, r.OnShed = order, drop, cfg.dropQueue, consumer.ShedAck
+			r.Overload.Queue = consumer.QueuePolicy{Order: order, DropWhenFull: drop, MaxLength: cfg.dropQueue}
+			r.Overload.OnShed = consumer.ShedAck
 		}
 	}
 	n := cfg.dropQueue
@@ -297,9 +298,11 @@ func isoTrial(ctx context.Context, b broker, cfg config, rate float64, stuck boo
 	rec := &recorder{}
 	c, err := consumer.New(consumer.Options{ShutdownGrace: 200 * time.Millisecond, Observer: cfg.observer},
 		consumer.Route{
-			Name: "orders_" + tag, Source: oSrc, Criticality: backpressure.Critical,
-			Workers: cfg.workers, MaxInFlight: cfg.windowFor(cfg.workers), MaxInFlightBytes: windowBytes(cfg.windowFor(cfg.workers), cfg.payload),
-			Expiry: expiry.Policy{UseHeader: true}, Retry: consumer.RetryPolicy{MaxAttempts: 1},
+			Name:    "orders_" + tag,
+			Source:  oSrc,
+			Workers: cfg.workers,
+			Expiry:  expiry.Policy{},
+			Retry:   consumer.RetryPolicy{MaxAttempts: 1},
 			Handler: func(hctx context.Context, m *consumer.Message) error {
 				lm, _ := decode(m.Value)
 				start := time.Now()
@@ -307,11 +310,15 @@ func isoTrial(ctx context.Context, b broker, cfg config, rate float64, stuck boo
 				rec.run(lm, start, time.Now(), err == nil, false)
 				return err
 			},
+			Window:   consumer.WindowPolicy{Messages: cfg.windowFor(cfg.workers), Bytes: windowBytes(cfg.windowFor(cfg.workers), cfg.payload)},
+			Overload: consumer.OverloadPolicy{Criticality: backpressure.Critical},
 		},
 		consumer.Route{
-			Name: "reports_" + tag, Source: rSrc, Criticality: backpressure.Sheddable,
-			Workers: 2, MaxInFlight: reportWindow, MaxInFlightBytes: windowBytes(reportWindow, cfg.payload),
-			Retry: consumer.RetryPolicy{MaxAttempts: 1},
+			Name:    "reports_" + tag,
+			Source:  rSrc,
+			Workers: 2,
+			Expiry:  expiry.Policy{IgnoreHeader: true},
+			Retry:   consumer.RetryPolicy{MaxAttempts: 1},
 			Handler: func(hctx context.Context, m *consumer.Message) error {
 				if stuck {
 					<-hctx.Done() // a handler stuck on a dead dependency
@@ -319,8 +326,13 @@ func isoTrial(ctx context.Context, b broker, cfg config, rate float64, stuck boo
 				}
 				return sleep(hctx, cfg.cost)
 			},
+			Window:   consumer.WindowPolicy{Messages: reportWindow, Bytes: windowBytes(reportWindow, cfg.payload)},
+			Overload: consumer.OverloadPolicy{Criticality: backpressure.Sheddable},
 		})
 	if err != nil {
+		return row, err
+	}
+	if err := waitReady(ctx, orders, reports); err != nil {
 		return row, err
 	}
 	rctx, cancel := context.WithCancel(ctx)
@@ -356,7 +368,7 @@ func isoTrial(ctx context.Context, b broker, cfg config, rate float64, stuck boo
 	reports.flush(ctx)
 	time.Sleep(cfg.deadline + cfg.cost)
 	st := c.Stats()
-	row.reportsHeld, row.reportsFetched = st[1].InFlight, int(st[1].Fetched)
+	row.reportsHeld, row.reportsFetched = st[1].Held, int(st[1].Fetched)
 	cancel()
 	if err := <-errc; err != nil && !errors.Is(err, consumer.ErrStuckHandlers) {
 		return row, err

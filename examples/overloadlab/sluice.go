@@ -31,9 +31,12 @@ func sourceFor(spec trialSpec) srcOpts {
 // minimalRoute is the route with the least configuration.
 func minimalRoute(name string, src consumer.Source, workers int, h consumer.Handler) consumer.Route {
 	return consumer.Route{
-		Name: name, Source: src, Handler: h,
-		Workers: workers, MaxInFlight: minimalWindow, MaxInFlightBytes: minimalBytes,
-		Expiry: expiry.Policy{UseHeader: true},
+		Name:    name,
+		Source:  src,
+		Handler: h,
+		Workers: workers,
+		Expiry:  expiry.Policy{},
+		Window:  consumer.WindowPolicy{Messages: minimalWindow, Bytes: minimalBytes},
 	}
 }
 
@@ -42,16 +45,20 @@ func minimalRoute(name string, src consumer.Source, workers int, h consumer.Hand
 // workers, one attempt (the handler never fails), CriticalPlus.
 func tunedRoute(spec trialSpec, src consumer.Source, h consumer.Handler) consumer.Route {
 	r := consumer.Route{
-		Name: spec.name, Source: src, Handler: h, Criticality: backpressure.CriticalPlus,
-		Workers: spec.workers, MaxInFlight: spec.window, MaxInFlightBytes: windowBytes(spec.window, spec.payload),
-		MinFetch: max(1, spec.workers/2),
+		Name:     spec.name,
+		Source:   src,
+		Handler:  h,
+		Workers:  spec.workers,
 		Retry:    consumer.RetryPolicy{MaxAttempts: 1},
+		Window:   consumer.WindowPolicy{Messages: spec.window, Bytes: windowBytes(spec.window, spec.payload), MinFetch: max(1, spec.workers/2)},
+		Overload: consumer.OverloadPolicy{Criticality: backpressure.CriticalPlus},
 	}
+	r.Expiry = expiry.Policy{IgnoreHeader: true}
 	if spec.deadline > 0 {
-		r.Expiry = expiry.Policy{UseHeader: true}
-		r.OnExpired = consumer.ExpiredAck
-		r.ShedNearDeadline = spec.margin
-		r.OnShed = consumer.ShedAck
+		r.Expiry = expiry.Policy{}
+		r.DeadLetter.OnExpired = consumer.ExpiredAck
+		r.Overload.ShedNearDeadline = spec.margin
+		r.Overload.OnShed = consumer.ShedAck
 	}
 	return r
 }
@@ -92,6 +99,9 @@ func startSluice(ctx context.Context, q queue, spec trialSpec, rec *recorder) (f
 	if err != nil {
 		return nil, err
 	}
+	if err := waitReady(ctx, q); err != nil {
+		return nil, err
+	}
 	rctx, cancel := context.WithCancel(ctx)
 	errc := make(chan error, 1)
 	go func() { errc <- c.Run(rctx) }()
@@ -111,9 +121,23 @@ func startSluice(ctx context.Context, q queue, spec trialSpec, rec *recorder) (f
 			// they are counted as late runs instead.
 			expired:      max(0, int(s.Settled[consumer.OutcomeExpired])-rec.cutCount()),
 			shed:         int(s.Settled[consumer.OutcomeShed]),
-			peakInFlight: s.PeakInFlight,
+			peakInFlight: s.Window.Peak,
 		}, err
 	}, nil
+}
+
+// waitReady waits until each queue's Source can deliver: a Kafka Source
+// joins its group when its route attaches it (consumer.New), and a trial's
+// clock must not run while the group forms.
+func waitReady(ctx context.Context, qs ...queue) error {
+	for _, q := range qs {
+		if r, ok := q.(interface{ ready(context.Context) error }); ok {
+			if err := r.ready(ctx); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // windowBytes is a route's byte window for n messages of payload bytes:

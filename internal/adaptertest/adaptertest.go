@@ -35,7 +35,7 @@ type Topic interface {
 	// that is an io.Closer (a group member, say) is closed by the suite
 	// once its consumer's Run returned, and the Topic closes it again (or
 	// for the first time) in t.Cleanup.
-	Source(t *testing.T, group string, window int, windowBytes int64) consumer.Source
+	Source(t *testing.T, group string) consumer.Source
 }
 
 // Msg is a message to publish. ID goes in the "Id" header.
@@ -172,10 +172,16 @@ func Ledger(t *testing.T, b Broker, f Features) {
 		return nil
 	}
 	const window = 64
-	c, err := consumer.New(consumer.Options{}, consumer.Route{Name: "ledger", Source: topic.Source(t, "ledger", window, 1<<20),
-		Handler: h, Workers: 8, MaxInFlight: window, MaxInFlightBytes: 1 << 20, DeadLetter: sink, Group: "ledger",
-		Expiry: expiry.Policy{UseHeader: true},
-		Retry:  consumer.RetryPolicy{MaxAttempts: 10, BaseDelay: time.Millisecond, MaxDelay: 10 * time.Millisecond}})
+	c, err := consumer.New(consumer.Options{}, consumer.Route{
+		Name:       "ledger",
+		Source:     topic.Source(t, "ledger"),
+		Handler:    h,
+		Workers:    8,
+		Expiry:     expiry.Policy{},
+		Retry:      consumer.RetryPolicy{MaxAttempts: 10, BaseDelay: time.Millisecond, MaxDelay: 10 * time.Millisecond},
+		Window:     consumer.WindowPolicy{Messages: window, Bytes: 1 << 20},
+		DeadLetter: consumer.DeadLetterPolicy{Sink: sink},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,8 +201,8 @@ func Ledger(t *testing.T, b Broker, f Features) {
 	})
 	s := c.Stats()[0]
 	t.Logf("%d messages in %v: duplicates %d, settled %v", n, time.Since(start).Round(time.Millisecond), dups.Load(), s.Settled)
-	if s.PeakInFlight > window {
-		t.Errorf("peak in flight %d > window %d", s.PeakInFlight, window)
+	if s.Window.Peak > window {
+		t.Errorf("peak in flight %d > window %d", s.Window.Peak, window)
 	}
 	if ranExpired.Load() != 0 {
 		t.Errorf("handler ran %d expired messages", ranExpired.Load())
@@ -245,25 +251,29 @@ func WindowBound(t *testing.T, b Broker, f Features) {
 	}
 	topic.Publish(t, msgs)
 	var handled atomic.Int64
-	c, err := consumer.New(consumer.Options{}, consumer.Route{Name: "window", Source: topic.Source(t, "window", window, windowBytes),
-		Workers: 4, MaxInFlight: window, MaxInFlightBytes: windowBytes,
+	c, err := consumer.New(consumer.Options{}, consumer.Route{
+		Name:    "window",
+		Source:  topic.Source(t, "window"),
+		Workers: 4,
 		Handler: func(context.Context, *consumer.Message) error {
 			time.Sleep(2 * time.Millisecond)
 			handled.Add(1)
 			return nil
-		}})
+		},
+		Window: consumer.WindowPolicy{Messages: window, Bytes: windowBytes},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	run(t, c, 30*time.Second, func() bool { return handled.Load() >= int64(len(msgs)/4) })
 	s := c.Stats()[0]
-	if s.PeakInFlight > window || s.PeakInFlightBytes > windowBytes {
-		t.Fatalf("window exceeded: peak %d msgs, %d bytes (window %d, %d)", s.PeakInFlight, s.PeakInFlightBytes, window, windowBytes)
+	if s.Window.Peak > window || s.Window.PeakBytes > windowBytes {
+		t.Fatalf("window exceeded: peak %d msgs, %d bytes (window %d, %d)", s.Window.Peak, s.Window.PeakBytes, window, windowBytes)
 	}
-	if s.Blocked == 0 {
+	if s.Window.Blocked == 0 {
 		t.Fatal("the route never waited for its window: the backlog did not push back")
 	}
-	t.Logf("peak %d/%d msgs, %d/%d bytes, blocked %v", s.PeakInFlight, window, s.PeakInFlightBytes, windowBytes, s.Blocked)
+	t.Logf("peak %d/%d msgs, %d/%d bytes, blocked %v", s.Window.Peak, window, s.Window.PeakBytes, windowBytes, s.Window.Blocked)
 }
 
 // SmallBatchNotHeld: a few messages, far below the pull size, are handled
@@ -271,9 +281,13 @@ func WindowBound(t *testing.T, b Broker, f Features) {
 func SmallBatchNotHeld(t *testing.T, b Broker, f Features) {
 	topic := b.NewTopic(t, "small")
 	handled := make(chan time.Time, 16)
-	c, err := consumer.New(consumer.Options{}, consumer.Route{Name: "small", Source: topic.Source(t, "small", 64, 1<<20),
-		Workers: 2, MaxInFlight: 64, MaxInFlightBytes: 1 << 20,
-		Handler: func(context.Context, *consumer.Message) error { handled <- time.Now(); return nil }})
+	c, err := consumer.New(consumer.Options{}, consumer.Route{
+		Name:    "small",
+		Source:  topic.Source(t, "small"),
+		Workers: 2,
+		Handler: func(context.Context, *consumer.Message) error { handled <- time.Now(); return nil },
+		Window:  consumer.WindowPolicy{Messages: 64, Bytes: 1 << 20},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -314,9 +328,11 @@ func RedeliveryCountsAttempts(t *testing.T, b Broker, f Features) {
 	var mu sync.Mutex
 	seen := map[int][]int{}
 	sink := &memSink{}
-	c, err := consumer.New(consumer.Options{}, consumer.Route{Name: "attempts", Source: topic.Source(t, "attempts", 8, 1<<20),
-		Workers: 2, MaxInFlight: 8, MaxInFlightBytes: 1 << 20, DeadLetter: sink,
-		Retry: consumer.RetryPolicy{MaxAttempts: 3, BaseDelay: 10 * time.Millisecond, MaxDelay: 20 * time.Millisecond},
+	c, err := consumer.New(consumer.Options{}, consumer.Route{
+		Name:    "attempts",
+		Source:  topic.Source(t, "attempts"),
+		Workers: 2,
+		Retry:   consumer.RetryPolicy{MaxAttempts: 3, BaseDelay: 10 * time.Millisecond, MaxDelay: 20 * time.Millisecond},
 		Handler: func(_ context.Context, m *consumer.Message) error {
 			id := idOf(m)
 			mu.Lock()
@@ -326,7 +342,10 @@ func RedeliveryCountsAttempts(t *testing.T, b Broker, f Features) {
 				return errors.New("not yet")
 			}
 			return nil
-		}})
+		},
+		Window:     consumer.WindowPolicy{Messages: 8, Bytes: 1 << 20},
+		DeadLetter: consumer.DeadLetterPolicy{Sink: sink},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -369,9 +388,14 @@ func RestartLosesNothing(t *testing.T, b Broker, f Features) {
 		return nil
 	}
 	newConsumer := func() (*consumer.Consumer, consumer.Source) {
-		src := topic.Source(t, "restart", window, 1<<20)
-		c, err := consumer.New(consumer.Options{ShutdownGrace: 2 * time.Second}, consumer.Route{Name: "restart",
-			Source: src, Workers: 4, MaxInFlight: window, MaxInFlightBytes: 1 << 20, Handler: h})
+		src := topic.Source(t, "restart")
+		c, err := consumer.New(consumer.Options{ShutdownGrace: 2 * time.Second}, consumer.Route{
+			Name:    "restart",
+			Source:  src,
+			Workers: 4,
+			Handler: h,
+			Window:  consumer.WindowPolicy{Messages: window, Bytes: 1 << 20},
+		})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -388,8 +412,8 @@ func RestartLosesNothing(t *testing.T, b Broker, f Features) {
 	first, src := newConsumer()
 	run(t, first, 30*time.Second, func() bool { d, _ := count(); return d >= n/3 })
 	s := first.Stats()[0]
-	if s.InFlight != 0 {
-		t.Fatalf("first consumer still holds %d messages after Run returned", s.InFlight)
+	if s.Held != 0 {
+		t.Fatalf("first consumer still holds %d messages after Run returned", s.Held)
 	}
 	if cl, ok := src.(io.Closer); ok {
 		// A group member commits what was settled and leaves the group.

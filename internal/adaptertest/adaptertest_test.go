@@ -9,7 +9,7 @@ import (
 
 	"github.com/sluice-go/sluice/consumer"
 	"github.com/sluice-go/sluice/internal/adaptertest"
-	"github.com/sluice-go/sluice/internal/memsource"
+	"github.com/sluice-go/sluice/sluicetest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -23,7 +23,7 @@ func TestSuiteOnMemsource(t *testing.T) {
 type memBroker struct{}
 
 func (memBroker) NewTopic(t *testing.T, name string) adaptertest.Topic {
-	return &memTopic{groups: map[string]*memsource.Source{}}
+	return &memTopic{groups: map[string]*sluicetest.Source{}}
 }
 
 // memTopic is one queue; a group is the queue itself, so a second Source of
@@ -31,7 +31,7 @@ func (memBroker) NewTopic(t *testing.T, name string) adaptertest.Topic {
 type memTopic struct {
 	mu      sync.Mutex
 	pending []adaptertest.Msg
-	groups  map[string]*memsource.Source
+	groups  map[string]*sluicetest.Source
 }
 
 func (tp *memTopic) Publish(t *testing.T, msgs []adaptertest.Msg) {
@@ -46,7 +46,7 @@ func (tp *memTopic) Publish(t *testing.T, msgs []adaptertest.Msg) {
 	}
 }
 
-func publish(s *memsource.Source, msgs []adaptertest.Msg) {
+func publish(s *sluicetest.Source, msgs []adaptertest.Msg) {
 	for _, m := range msgs {
 		h := consumer.Headers{"Id": {m.ID}}
 		for k, v := range m.Headers {
@@ -56,14 +56,23 @@ func publish(s *memsource.Source, msgs []adaptertest.Msg) {
 	}
 }
 
-func (tp *memTopic) Source(t *testing.T, group string, window int, windowBytes int64) consumer.Source {
+func (tp *memTopic) Source(t *testing.T, group string) consumer.Source {
 	tp.mu.Lock()
 	defer tp.mu.Unlock()
 	s, ok := tp.groups[group]
 	if !ok {
-		s = memsource.New()
+		s = sluicetest.NewSource()
 		publish(s, tp.pending)
 		tp.groups[group] = s
 	}
-	return s
+	return groupMember{s}
+}
+
+// groupMember is one consumer of a shared in-memory group: consumers run
+// one after another (a restart), so each attaches its own member while the
+// queue and ledger are the group's.
+type groupMember struct{ *sluicetest.Source }
+
+func (g groupMember) Attach(consumer.RouteLimits) (consumer.SourceInfo, error) {
+	return consumer.SourceInfo{AckWait: g.AckWait, MaxDeliver: g.MaxDeliver}, nil
 }

@@ -8,7 +8,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"go.uber.org/goleak"
 
-	"github.com/sluice-go/sluice/internal/kafkatest"
+	"github.com/sluice-go/sluice/adapters/kafka/kafkatest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

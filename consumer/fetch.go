@@ -1,0 +1,211 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/sluice-go/sluice/backpressure"
+	"github.com/sluice-go/sluice/dlq"
+	"github.com/sluice-go/sluice/expiry"
+)
+
+// fetchLoop is a route's blocking pull: it waits until the window has room,
+// asks the Source for at most what is free, and admits what arrives. It
+// returns nil when ctx ends, or the Source's ErrClosed.
+func (r *route) fetchLoop(ctx context.Context) error {
+	errDelay := 10 * time.Millisecond
+	throttle := r.cfg.Overload.Throttle
+	for {
+		// WaitFreeAtLeast returns at once while the window has room, and a
+		// Source may hand over queued messages without looking at ctx: check
+		// it here, or a shutdown with a backlog could fetch and return the
+		// same messages forever.
+		if ctx.Err() != nil {
+			return nil
+		}
+		n, b, err := r.window.WaitFreeAtLeast(ctx, r.cfg.Window.MinFetch)
+		if err != nil {
+			return nil
+		}
+		n = min(n, r.cfg.Window.MaxBatch)
+		var offered, k int
+		if throttle != nil {
+			offered = n
+			if k = throttle.DrawAt(time.Now(), n); k == 0 {
+				// Nothing admitted: count the refusal at the demand the
+				// last fetch showed, then wait.
+				d := float64(n) * r.fill
+				throttle.CountAt(time.Now(), d, d, 0)
+				r.c.throttled.Add(uint64(d + 0.5))
+				if !pause(ctx, r.cfg.Overload.ThrottleWait) {
+					return nil
+				}
+				continue
+			}
+			n = k
+		}
+		msgs, err := r.cfg.Source.Fetch(ctx, n, b)
+		if throttle != nil {
+			// Offered slots are not all demand: a fetch that came back
+			// short shows the source had less, so scale the count by the
+			// fill (a full fetch: every offered slot was a real request).
+			r.fill = float64(len(msgs)) / float64(k)
+			d := float64(offered) * r.fill
+			throttle.CountAt(time.Now(), d, d-float64(len(msgs)), 0)
+			if k < offered {
+				r.c.throttled.Add(uint64(d - float64(len(msgs)) + 0.5))
+				if err == nil {
+					if len(msgs) > 0 {
+						r.admit(ctx, msgs)
+					}
+					if !pause(ctx, r.cfg.Overload.ThrottleWait) {
+						return nil
+					}
+					continue
+				}
+			}
+		}
+		if len(msgs) > 0 {
+			r.admit(ctx, msgs)
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			if errors.Is(err, ErrClosed) {
+				return fmt.Errorf("route %q: %w", r.cfg.Name, err)
+			}
+			r.c.fetchErrors.Add(1)
+			r.noteError("fetch", err)
+			if !pause(ctx, errDelay) {
+				return nil
+			}
+			errDelay = min(errDelay*2, time.Second)
+			continue
+		}
+		errDelay = 10 * time.Millisecond
+	}
+}
+
+// pause waits d and reports false when ctx ended first.
+func pause(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// admit takes a fetched batch into the route: each message is counted and
+// held (kept alive) at once, then charged to the window, checked against
+// its deadline, and queued for a worker. Each clock is read once for the
+// batch: the injectable one for deadline decisions, the real one for
+// holding time (keep-alive ticks and the oldest-age stat run on real time,
+// whatever clock the deadlines use).
+func (r *route) admit(ctx context.Context, msgs []*Message) {
+	now := r.clock.Now()
+	held := time.Now()
+	r.c.fetched.Add(uint64(len(msgs)))
+	for _, m := range msgs {
+		r.hold(m, held)
+	}
+	for _, m := range msgs {
+		if msgState(m.state.Load()) != stateHeld {
+			continue // abandoned by a shutdown that could not wait for us
+		}
+		if ctx.Err() != nil {
+			r.giveBack(m) // shutting down: hand it straight back
+			continue
+		}
+		size := m.cost()
+		if size > r.cfg.Window.Bytes && r.cfg.DeadLetter.OnOversize == OversizeDeadLetter || !r.window.Admissible(size) {
+			r.toSink(m, dlq.ClassOversize, fmt.Errorf("%w: %d bytes", ErrOversize, size), now, OutcomeDeadLettered)
+			continue
+		}
+		if !r.window.TryAcquire(1, size) {
+			// The source returned more than was free (or another route took
+			// shared budget meanwhile): wait. An oversized message waits
+			// here until the window is empty.
+			if err := r.window.Acquire(ctx, 1, size); err != nil {
+				r.giveBack(m)
+				continue
+			}
+		}
+		m.charged.Store(size)
+		if r.expiryOn {
+			r.computeDeadline(m)
+			if expiry.Expired(m.deadline, now) {
+				r.expire(m, now)
+				continue
+			}
+			if d := r.cfg.Overload.ShedNearDeadline; d > 0 && !m.deadline.IsZero() && m.deadline.Sub(now) < d {
+				r.shed(m, ShedNearDeadline)
+				continue
+			}
+		}
+		if v := r.queue.push(m); v != nil {
+			r.shed(v, ShedQueueFull)
+		}
+	}
+}
+
+// hold makes m the route's: counted, in the held set (so it is kept alive
+// whatever it waits for), with its class.
+func (r *route) hold(m *Message, now time.Time) {
+	if m.acker == nil {
+		panic("consumer: a Source returned a Message not built with NewMessage or InitMessage")
+	}
+	m.route = r
+	m.fetchedAt = now
+	m.touched.Store(now.UnixNano())
+	m.charged.Store(-1)
+	if m.Attempt < 1 {
+		m.Attempt = 1
+	}
+	m.crit = r.cfg.Overload.Criticality
+	if v, ok := m.Headers.Lookup(CriticalityHeader); ok {
+		if c, err := backpressure.ParseCriticality(v); err == nil {
+			m.crit = c.Cap(r.cfg.Overload.Criticality)
+		} else {
+			r.c.badCrit.Add(1)
+		}
+	}
+	if !m.state.CompareAndSwap(int32(stateNew), int32(stateHeld)) {
+		panic("consumer: a Source returned the same Message twice")
+	}
+	r.held.add(m)
+}
+
+func (r *route) computeDeadline(m *Message) {
+	var hv string
+	var has bool
+	if r.header != "" {
+		hv, has = m.Headers.Lookup(r.header)
+	}
+	d, err := r.cfg.Expiry.Deadline(hv, has, m.PublishedAt)
+	if err != nil {
+		r.c.malformed.Add(1)
+	}
+	m.deadline = d
+}
+
+// giveBack hands a message that has not run back to the broker on
+// shutdown: a Nak without delay, except on the broker's last delivery,
+// where a Nak would drop it: it is left unsettled instead.
+func (r *route) giveBack(m *Message) {
+	if r.lastDelivery(m) {
+		r.settle(m, abandon)
+		return
+	}
+	r.settle(m, nak(OutcomeReturned, 0))
+}
+
+// lastDelivery reports whether the broker will not redeliver m after a Nak.
+func (r *route) lastDelivery(m *Message) bool {
+	return r.maxDeliver > 0 && m.Attempt >= r.maxDeliver
+}

@@ -1,0 +1,349 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"runtime/debug"
+	"time"
+
+	"github.com/sluice-go/sluice/backpressure"
+	"github.com/sluice-go/sluice/dlq"
+	"github.com/sluice-go/sluice/expiry"
+)
+
+// work is one worker: it takes queued messages until the queue is closed
+// and empty.
+func (r *route) work() {
+	for {
+		m, ok := r.queue.pop()
+		if !ok {
+			return
+		}
+		if r.stopping.Load() {
+			r.giveBack(m)
+			continue
+		}
+		r.process(m)
+	}
+}
+
+// process runs one message through its last checks and the handler, and
+// settles it from the result.
+func (r *route) process(m *Message) {
+	if f, ok := r.awaitingLetter(m); ok {
+		// Out of attempts before, and its dead-letter write failed: it is
+		// not run again, only written again.
+		r.toSink(m, f.class, errors.New(f.cause), r.clock.Now(), OutcomeDeadLettered)
+		return
+	}
+	ctx := r.classCtx[m.crit&3]
+	if !m.deadline.IsZero() {
+		now := r.clock.Now()
+		if expiry.Expired(m.deadline, now) {
+			r.expire(m, now)
+			return
+		}
+		if d := r.cfg.Overload.ShedNearDeadline; d > 0 && r.cfg.Overload.Slots == nil && m.deadline.Sub(now) < d {
+			r.shed(m, ShedNearDeadline)
+			return
+		}
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, m.deadline)
+		defer cancel()
+	}
+	if s := r.cfg.Overload.Slots; s != nil {
+		if !r.takeSlot(ctx, m) {
+			return
+		}
+		defer s.Release()
+	}
+	if !r.timed {
+		// Nobody reads the handler's latency: skip the two clock reads.
+		r.finish(ctx, m, r.call(ctx, m))
+		return
+	}
+	start := time.Now()
+	if b := r.cfg.Overload.RetryBudget; b != nil && m.Attempt <= 1 {
+		b.AttemptAt(start)
+	}
+	err := r.call(ctx, m)
+	latency := time.Since(start)
+	if r.cfg.Overload.Throttle != nil || r.cfg.Overload.AdaptiveLimit != nil {
+		r.feedback(start.Add(latency), latency, err)
+	}
+	outcome := r.finish(ctx, m, err)
+	if r.obs != nil {
+		r.obs.HandlerDone(outcome, latency)
+	}
+}
+
+// takeSlot waits for a shared handler slot at m's class. When the wait ends
+// without one, m is settled (expired past its deadline, returned on
+// shutdown) and takeSlot reports false. A message picked with less than
+// ShedNearDeadline left after the wait is shed.
+func (r *route) takeSlot(ctx context.Context, m *Message) bool {
+	slots := r.cfg.Overload.Slots
+	if err := slots.Acquire(ctx, m.crit); err != nil {
+		now := r.clock.Now()
+		if !m.deadline.IsZero() && !now.Before(m.deadline) || errors.Is(err, context.DeadlineExceeded) {
+			r.expire(m, now)
+		} else {
+			r.giveBack(m)
+		}
+		return false
+	}
+	if r.stopping.Load() {
+		// The slot came free after shutdown began: m never started, so it
+		// is returned like any queued message instead of run.
+		slots.Release()
+		r.giveBack(m)
+		return false
+	}
+	if d := r.cfg.Overload.ShedNearDeadline; d > 0 && !m.deadline.IsZero() && m.deadline.Sub(r.clock.Now()) < d {
+		slots.Release()
+		r.shed(m, ShedNearDeadline)
+		return false
+	}
+	return true
+}
+
+// feedback tells the route's Throttle and AdaptiveLimit how a handler run
+// went.
+func (r *route) feedback(now time.Time, latency time.Duration, err error) {
+	over := err != nil && backpressure.IsOverloaded(err)
+	if t := r.cfg.Overload.Throttle; t != nil && !over {
+		t.RecordAt(now, true)
+	}
+	if a := r.cfg.Overload.AdaptiveLimit; a != nil {
+		res := backpressure.ResultOK
+		switch {
+		case over:
+			res = backpressure.ResultOverloaded
+		case err != nil:
+			res = backpressure.ResultFailed
+		}
+		if l := int64(a.ObserveAt(now, latency, res)); l != r.limit.Load() {
+			// Workers observe concurrently: apply the limit in force now,
+			// under a lock, so a worker holding an older value cannot put
+			// the window back above (or below) what the limit says.
+			r.limitMu.Lock()
+			l = int64(a.Limit())
+			r.limit.Store(l)
+			r.window.SetLimit(int(l))
+			r.limitMu.Unlock()
+		}
+	}
+}
+
+func (r *route) call(ctx context.Context, m *Message) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			r.c.panics.Add(1)
+			err = fmt.Errorf("%w: %v\n%s", ErrPanic, p, debug.Stack())
+		}
+	}()
+	return r.cfg.Handler(ctx, m)
+}
+
+// finish decides m's outcome from the handler's result, settles it, and
+// returns the outcome.
+func (r *route) finish(ctx context.Context, m *Message, err error) Outcome {
+	now := r.clock.Now()
+	if err == nil {
+		m.late = !m.deadline.IsZero() && now.After(m.deadline)
+		r.forget(m)
+		r.settle(m, ack(OutcomeSucceeded))
+		return OutcomeSucceeded
+	}
+	r.c.handlerErrors.Add(1)
+	outOfAttempts := m.Attempt >= r.retry.MaxAttempts || r.lastDelivery(m)
+	switch {
+	case !m.deadline.IsZero() && ctx.Err() != nil && now.After(m.deadline):
+		// The work ran out of time; another attempt would be late too.
+		r.expire(m, now)
+		return OutcomeExpired
+	case backpressure.IsOverloaded(err):
+		sink := r.cfg.DeadLetter.Sink != nil
+		if outOfAttempts || r.cfg.DeadLetter.OnOverloaded == OverloadedDeadLetter && sink {
+			return r.toSink(m, ClassOverloaded, err, now, OutcomeDeadLettered)
+		}
+		r.rememberFailure(m, now)
+		r.settle(m, nak(OutcomeOverloaded, r.retry.Backoff(m.Attempt)))
+		return OutcomeOverloaded
+	case IsPermanent(err):
+		return r.toSink(m, dlq.ClassPermanent, err, now, OutcomeDeadLettered)
+	case outOfAttempts:
+		class := dlq.ClassExhausted
+		if errors.Is(err, ErrPanic) {
+			class = dlq.ClassPanic
+		}
+		return r.toSink(m, class, err, now, OutcomeDeadLettered)
+	case r.cfg.Overload.RetryBudget != nil && !r.cfg.Overload.RetryBudget.Retry():
+		r.c.budgetOut.Add(1)
+		if r.cfg.DeadLetter.Sink != nil {
+			return r.toSink(m, ClassRetryBudget, err, now, OutcomeDeadLettered)
+		}
+		r.rememberFailure(m, now)
+		r.settle(m, nak(OutcomeRetried, r.retry.MaxDelay))
+		return OutcomeRetried
+	default:
+		r.rememberFailure(m, now)
+		r.settle(m, nak(OutcomeRetried, r.retry.Backoff(m.Attempt)))
+		return OutcomeRetried
+	}
+}
+
+// expire settles a message whose deadline passed, by DeadLetter.OnExpired.
+func (r *route) expire(m *Message, now time.Time) {
+	switch r.cfg.DeadLetter.OnExpired {
+	case ExpiredTerm:
+		r.forget(m)
+		r.settle(m, term(OutcomeExpired, ErrExpired.Error()))
+	case ExpiredDeadLetter:
+		r.toSink(m, dlq.ClassExpired, ErrExpired, now, OutcomeExpired)
+	default:
+		r.forget(m)
+		r.settle(m, ack(OutcomeExpired))
+	}
+}
+
+// toSink writes m to the dead-letter sink and terminates the original only
+// once the sink confirmed the write, counting success (OutcomeDeadLettered,
+// or OutcomeExpired for expired messages). Without a sink m is terminated
+// (OutcomeTerminated; expired messages stay OutcomeExpired).
+//
+// A failed write never loses m. With deliveries left, m is nak'd with
+// backoff (OutcomeDLQFailed) and remembered, so its redelivery is written
+// again without running the handler. On the broker's last delivery a Nak
+// would drop it, so the write is retried in process, with backoff, until it
+// succeeds or the shutdown deadline passes; then m is left unsettled
+// (OutcomeAbandoned).
+func (r *route) toSink(m *Message, class string, cause error, now time.Time, success Outcome) Outcome {
+	reason := class + ": " + firstLine(cause.Error())
+	sink := r.cfg.DeadLetter.Sink
+	if sink == nil {
+		o := OutcomeTerminated
+		if success == OutcomeExpired {
+			o = OutcomeExpired
+		}
+		r.forget(m)
+		r.settle(m, term(o, reason))
+		return o
+	}
+	if !r.claim(m) {
+		return OutcomeAbandoned // settled by another party (shutdown)
+	}
+	l := r.letter(m, class, cause, now)
+	err := sink.Write(r.settleCtx, l)
+	for delay := 100 * time.Millisecond; err != nil && r.lastDelivery(m); delay = min(2*delay, 5*time.Second) {
+		r.c.dlqErrors.Add(1)
+		r.noteError("dead-letter write (last delivery: kept, retrying)", err)
+		if !pause(r.settleCtx, delay/2+rand.N(delay/2+1)) {
+			r.perform(m, abandon)
+			return OutcomeAbandoned
+		}
+		err = sink.Write(r.settleCtx, l)
+	}
+	if err != nil {
+		r.c.dlqErrors.Add(1)
+		r.noteError("dead-letter write", err)
+		r.awaitLetter(m, class, cause, now)
+		r.perform(m, nak(OutcomeDLQFailed, r.retry.Backoff(m.Attempt)))
+		return OutcomeDLQFailed
+	}
+	r.forget(m)
+	r.perform(m, term(success, reason))
+	return success
+}
+
+func (r *route) letter(m *Message, class string, cause error, now time.Time) *dlq.Letter {
+	first := m.FirstFailure
+	if first.IsZero() {
+		r.failMu.Lock()
+		first = r.failures[m.Origin].first
+		r.failMu.Unlock()
+	}
+	if first.IsZero() {
+		first = now
+	}
+	o := m.Origin
+	if o.Topic == "" {
+		o.Topic = m.Topic
+	}
+	return &dlq.Letter{Key: m.Key, Value: m.Value, Headers: m.Headers, Route: r.cfg.Name,
+		Err: cause.Error(), Class: class, Attempts: m.Attempt, FirstFailure: first, LastFailure: now, Origin: o}
+}
+
+// failure is what a route remembers of a message it handed back to the
+// broker after a failure: when it first failed, and, when it is out of
+// attempts and its dead-letter write failed, the letter's class and cause.
+type failure struct {
+	first time.Time
+	class string
+	cause string
+}
+
+func (r *route) updateFailure(m *Message, fn func(*failure)) {
+	r.failMu.Lock()
+	if len(r.failures) > 4*r.cfg.Window.Messages+1024 {
+		clear(r.failures) // bounded memory beats exact first-failure times
+	}
+	f := r.failures[m.Origin]
+	fn(&f)
+	r.failures[m.Origin] = f
+	r.failMu.Unlock()
+}
+
+func (r *route) rememberFailure(m *Message, now time.Time) {
+	if !m.FirstFailure.IsZero() {
+		return
+	}
+	r.updateFailure(m, func(f *failure) {
+		if f.first.IsZero() {
+			f.first = now
+		}
+	})
+}
+
+// awaitLetter remembers that m's next delivery is to be dead-lettered as
+// class without running the handler.
+func (r *route) awaitLetter(m *Message, class string, cause error, now time.Time) {
+	r.updateFailure(m, func(f *failure) {
+		if f.first.IsZero() {
+			f.first = now
+		}
+		f.class, f.cause = class, cause.Error()
+	})
+}
+
+// awaitingLetter reports whether m is a redelivery awaiting its dead
+// letter (see awaitLetter).
+func (r *route) awaitingLetter(m *Message) (failure, bool) {
+	if m.Attempt <= 1 {
+		return failure{}, false
+	}
+	r.failMu.Lock()
+	f, ok := r.failures[m.Origin]
+	r.failMu.Unlock()
+	return f, ok && f.class != ""
+}
+
+func (r *route) forget(m *Message) {
+	if m.Attempt <= 1 && m.FirstFailure.IsZero() {
+		return // never failed before: nothing remembered
+	}
+	r.failMu.Lock()
+	delete(r.failures, m.Origin)
+	r.failMu.Unlock()
+}
+
+func firstLine(s string) string {
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\n' {
+			return s[:i]
+		}
+	}
+	return s
+}

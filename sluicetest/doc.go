@@ -1,0 +1,16 @@
+// Package sluicetest helps test code that runs on sluice without a broker:
+// an in-memory Source with a settlement ledger, an in-memory dead-letter
+// Sink with failure injection, and helpers to run a Consumer until its
+// routes have settled what you expect.
+//
+// The Source is deterministic: it hands out messages in order, and a Nak
+// puts the message back at the tail (after its delay only with HonorDelay)
+// with its attempt increased, so redelivery is reproducible. It plays the
+// broker features the core reacts to: an ack deadline (AckWait), a delivery
+// limit (MaxDeliver, dropping a message nak'd on its last delivery the way
+// JetStream does), and settlements confirmed later (Confirm).
+//
+// Broker behaviour itself is tested against real brokers: see
+// adapters/nats/natstest (an embedded nats-server) and
+// adapters/kafka/kafkatest (an in-process kfake cluster or a real Kafka).
+package sluicetest
