@@ -455,7 +455,7 @@ func (q *natsQueue) close() {
 	})
 }
 
-// ---- in-memory (internal/memsource) ----
+// ---- in-memory (sluicetest) ----
 
 // memBroker runs the lab without a broker round trip: the handler model
 // alone. It supports tail-drop limits, not head-drop.

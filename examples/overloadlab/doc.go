@@ -66,7 +66,7 @@
 // kfake the same way, or uses $KAFKA_BROKERS (the docker-compose Kafka at
 // 127.0.0.1:9092); sluice reads through adapters/kafka, the unprotected
 // consumer through a plain kafka-go Reader. -broker memory runs the
-// handler model on internal/memsource without a broker round trip. With
+// handler model on sluicetest without a broker round trip. With
 // -metrics-addr / $METRICS_ADDR the lab serves every sluice route's
 // Prometheus metrics (each trial is its own route).
 package main
