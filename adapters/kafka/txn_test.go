@@ -9,8 +9,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/sluice-go/sluice/adapters/kafka/kafkatest"
 	"github.com/sluice-go/sluice/consumer"
-	"github.com/sluice-go/sluice/internal/kafkatest"
 )
 
 // TestTransactionMarkers: a transactional producer (franz-go) leaves a
