@@ -81,7 +81,7 @@ func (f *connFlags) connect(ctx context.Context) (backend, error) {
 		return nil, natsConnectError(shown, conn, err)
 	}
 	var js jetstream.JetStream
-	jsOpts := []jetstream.JetStreamOpt{jetstream.WithDefaultTimeout(f.timeout)}
+	jsOpts := []jetstream.JetStreamOpt{jetstream.WithDefaultTimeout(conn.timeout)}
 	switch {
 	case conn.jsDomain != "":
 		js, err = jetstream.NewWithDomain(nc, conn.jsDomain, jsOpts...)
@@ -109,7 +109,7 @@ func (f *connFlags) connect(ctx context.Context) (backend, error) {
 		case errors.Is(err, jetstream.ErrJetStreamNotEnabled) || errors.Is(err, nats.ErrNoResponders):
 			return nil, fmt.Errorf("NATS at %s has no JetStream for this account (or --js-domain/--js-api-prefix is wrong): %w", shown, err)
 		case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout):
-			return nil, fmt.Errorf("stream %q: no answer from JetStream at %s within --timeout %v (permissions, or --js-domain/--js-api-prefix?)", stream, shown, f.timeout)
+			return nil, fmt.Errorf("stream %q: no answer from JetStream at %s within --timeout %v (permissions, or --js-domain/--js-api-prefix?)", stream, shown, conn.timeout)
 		}
 		return nil, fmt.Errorf("stream %q: %w", stream, err)
 	}

@@ -195,6 +195,7 @@ type natsConn struct {
 	jsDomain    string
 	jsAPIPrefix string
 	inboxPrefix string
+	timeout     time.Duration
 	context     string // the context used, "" if none
 }
 
@@ -224,6 +225,7 @@ func (f *connFlags) natsOptions() (*natsConn, error) {
 	if timeout <= 0 {
 		return nil, usageError{errors.New("--timeout must be positive")}
 	}
+	nc.timeout = timeout
 	nc.opts = append(nc.opts, nats.Name("sluice cli"), nats.Timeout(timeout), nats.NoReconnect())
 
 	user := f.pick("user", f.user, "NATS_USER", c.User, "")
