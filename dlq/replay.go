@@ -67,7 +67,8 @@ type Pending struct {
 	// Replayer calls it only after the target confirmed the republish.
 	Remove func(ctx context.Context) error
 	// Leave, if set, is called when a replay (not a dry run) leaves the
-	// letter in place: filtered out, held by the loop guard, or malformed.
+	// letter in place: filtered out, held by the loop guard, refused
+	// without a Park sink, or malformed.
 	// A source that cannot keep one letter while moving past it (Kafka's
 	// committed offset) records it as passed; others leave Leave nil.
 	Leave func()
