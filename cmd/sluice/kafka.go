@@ -118,7 +118,9 @@ func (b *kafkaBackend) get(ctx context.Context, id string) (*dlq.Letter, string,
 			lo, err := b.client.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{
 				b.topic: {kafka.FirstOffsetOf(part), kafka.LastOffsetOf(part)}}})
 			if err == nil {
+				found := false
 				for _, po := range lo.Topics[b.topic] {
+					found = found || po.Partition == part
 					if po.Partition != part {
 						continue
 					}
@@ -129,6 +131,9 @@ func (b *kafkaBackend) get(ctx context.Context, id string) (*dlq.Letter, string,
 						return nil, "", fmt.Errorf("no letter %d/%d in topic %s (partition %d holds offsets %d to %d)",
 							part, off, b.topic, part, po.FirstOffset, po.LastOffset-1)
 					}
+				}
+				if !found {
+					return nil, "", fmt.Errorf("no letter %d/%d: topic %s has no partition %d", part, off, b.topic, part)
 				}
 			}
 		}

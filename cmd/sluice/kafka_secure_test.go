@@ -177,6 +177,9 @@ func TestKafkaSecuredClusters(t *testing.T) {
 			if _, errOut, code := cli("dlq", "show", "0/99999"); code != exitError || !strings.Contains(errOut, "no letter 0/99999") {
 				t.Fatalf("show past the end: %d %q", code, errOut)
 			}
+			if _, errOut, code := cli("dlq", "show", "7/0"); code != exitError || !strings.Contains(errOut, "no letter 7/0") {
+				t.Fatalf("show of a missing partition: %d %q", code, errOut)
+			}
 			if out, errOut, code := cli("dlq", "replay", "--allow", k.orders, "--rate", "inf", "--max", "1"); code != 0 || !strings.HasPrefix(out, "replayed 1") {
 				t.Fatalf("replay: %d %q %q", code, out, errOut)
 			}
