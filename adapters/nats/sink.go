@@ -58,9 +58,9 @@ const (
 // maxHeaderBytes is JetStream's limit on a stored message's headers.
 const maxHeaderBytes = 65535
 
-// sinkReserve leaves room for the headers Write adds after Encode
-// (Nats-Msg-Id, the producer's moved id).
-const sinkReserve = 512
+// sinkReserve is a margin below the server's limits; Write also subtracts
+// the headers it adds after Encode (Nats-Msg-Id, the producer's moved id).
+const sinkReserve = 64
 
 var _ dlq.Sink = (*DeadLetterSink)(nil)
 
@@ -129,14 +129,27 @@ func (s *DeadLetterSink) Write(ctx context.Context, l *dlq.Letter) error {
 			}
 		}
 	}
-	_, value, headers := lc.Encode(s.limits)
+	id := DedupID(l)
+	lim := s.limits
+	added := 0
+	if id != "" {
+		added += len(jetstream.MsgIDHeader) + len(id) + 4
+	}
+	if producerID != "" {
+		added += len(HeaderOriginalMsgID) + len(producerID) + 4
+	}
+	lim.MaxHeaderBytes -= added
+	if lim.MaxBytes > 0 {
+		lim.MaxBytes = max(lim.MaxBytes-added, 1)
+	}
+	_, value, headers := lc.Encode(lim)
 	h := nats.Header(headers)
 	if producerID != "" {
 		h.Set(HeaderOriginalMsgID, producerID)
 	}
 	msg := &nats.Msg{Subject: s.Subject(l.Route), Data: value, Header: h}
 	var opts []jetstream.PublishOpt
-	if id := DedupID(l); id != "" {
+	if id != "" {
 		opts = append(opts, jetstream.WithMsgID(id))
 	}
 	if _, err := s.js.PublishMsg(ctx, msg, opts...); err != nil {
