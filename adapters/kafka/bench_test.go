@@ -25,7 +25,12 @@ import (
 // partitions with a no-op handler: BenchmarkDrainRaw with a tuned kafka-go
 // group Reader (QueueCapacity 1000, CommitInterval 1 s, FetchMessage +
 // CommitMessages), BenchmarkDrainSluice with a sluice route on a Source
-// (window 1024 messages / 4 MiB, 4 workers, commits every 1 s). Producing
+// (window 1024 messages / 4 MiB, 4 workers, commits every 1 s, prefetch
+// 4096 records / 4 MiB: each fetch brings at most the free prefetch slots,
+// so with the default prefetch of one window, 1,024 records of 256 B, a
+// real broker's round trip per ~260 records caps the rate at about half
+// the Reader's; the Reader itself holds up to 1,000 queued messages plus a
+// fetch of up to 1 MB per partition). Producing
 // the backlog and joining the group are not timed: the clock runs from
 // the first message to the last, so neither the join nor the Reader's
 // Close (which waits out its long poll) is in the figure. Run them as
@@ -106,6 +111,7 @@ func drainSluiceWindow(b *testing.B, topic string, n int, w consumer.WindowPolic
 	started, finished := make(chan struct{}), make(chan struct{})
 	cfg := testConfig(kafkatest.UniqueName("drain"), topic)
 	cfg.CommitInterval = time.Second
+	cfg.PrefetchMessages = max(w.Messages, 4096) // see BenchmarkDrainSluice
 	src, err := kafkaadapter.NewSource(cfg)
 	if err != nil {
 		b.Fatal(err)
@@ -147,6 +153,10 @@ func drainSluiceWindow(b *testing.B, topic string, n int, w consumer.WindowPolic
 	cancel()
 	if err := <-errc; err != nil {
 		b.Fatal(err)
+	}
+	if testing.Verbose() {
+		st := src.Stats()
+		b.Logf("%d fetch requests, %.0f records each; peak held %d records", st.FetchRequests, float64(st.Fetched)/float64(max(st.FetchRequests, 1)), st.PeakBuffered)
 	}
 	return w.Bytes + src.Bound(0, 1)
 }

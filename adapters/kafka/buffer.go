@@ -49,8 +49,9 @@ func (b *buffer) freed() {
 	b.space = make(chan struct{})
 }
 
-// reserve waits until at least min(want, budget) bytes and one message
-// slot are free, and grants up to want bytes to one broker request, but
+// reserve waits until at least min(want, budget) bytes and a quarter of
+// the message slots are free (a fetch for every slot that frees would be
+// a round trip per handful of records), and grants up to want bytes to one broker request, but
 // no more than the free message slots take at the average record size
 // seen: a response the count cannot hold would mostly be dropped and
 // fetched again.
@@ -58,7 +59,7 @@ func (b *buffer) reserve(ctx context.Context, want int64) (int64, error) {
 	for {
 		b.mu.Lock()
 		free := b.maxBytes - b.bytes - b.reserved
-		if free >= min(want, b.maxBytes) && b.count < b.maxCount {
+		if free >= min(want, b.maxBytes) && b.maxCount-b.count >= (b.maxCount+3)/4 {
 			grant := min(free, want)
 			if b.avg > 0 {
 				grant = min(grant, max(int64(b.maxCount-b.count)*(b.avg+recordOverhead), 4<<10))

@@ -207,6 +207,7 @@ func (f *fetcher) fetchLeader(ctx context.Context, parts []*partition, idx []int
 	}
 	fctx, cancel := context.WithTimeout(ctx, s.cfg.FetchMaxWait+15*time.Second)
 	defer cancel()
+	s.stats.fetchRequests.Add(1)
 	m, err := s.client.Transport.RoundTrip(fctx, s.client.Addr, req)
 	if err == nil {
 		res := m.(*fetchAPI.Response)

@@ -79,18 +79,19 @@ type partition struct {
 }
 
 type counters struct {
-	fetched, settled, fetchErrors, commits, commitErrors, staleSettles, dropped,
+	fetched, fetchRequests, settled, fetchErrors, commits, commitErrors, staleSettles, dropped,
 	localRetries, retryWrites, retryWriteErrors, generations, fenced,
 	retryClamped, retryOriginRefused atomic.Int64
 }
 
 // Stats is a snapshot of a Source's counters.
 type Stats struct {
-	Fetched      int64 // records fetched from the broker
-	Settled      int64 // messages acked or terminated by the route (not naks)
-	FetchErrors  int64
-	Commits      int64 // accepted commit requests
-	CommitErrors int64
+	Fetched       int64 // records fetched from the broker and kept
+	FetchRequests int64 // fetch requests sent
+	Settled       int64 // messages acked or terminated by the route (not naks)
+	FetchErrors   int64
+	Commits       int64 // accepted commit requests
+	CommitErrors  int64
 	// FencedCommits counts commits the broker refused for a stale
 	// generation or unknown member (included in CommitErrors).
 	FencedCommits int64
@@ -191,7 +192,8 @@ func (s *Source) Stats() Stats {
 
 func (s *feed) snapshot() Stats {
 	st := Stats{
-		Fetched: s.stats.fetched.Load(), Settled: s.stats.settled.Load(), FetchErrors: s.stats.fetchErrors.Load(),
+		Fetched: s.stats.fetched.Load(), FetchRequests: s.stats.fetchRequests.Load(), Settled: s.stats.settled.Load(),
+		FetchErrors: s.stats.fetchErrors.Load(),
 		Commits: s.stats.commits.Load(), CommitErrors: s.stats.commitErrors.Load(), FencedCommits: s.stats.fenced.Load(),
 		StaleSettles: s.stats.staleSettles.Load(), Dropped: s.stats.dropped.Load(),
 		LocalRetries: s.stats.localRetries.Load(), RetryWrites: s.stats.retryWrites.Load(),
