@@ -194,7 +194,7 @@ func (s *feed) snapshot() Stats {
 	st := Stats{
 		Fetched: s.stats.fetched.Load(), FetchRequests: s.stats.fetchRequests.Load(), Settled: s.stats.settled.Load(),
 		FetchErrors: s.stats.fetchErrors.Load(),
-		Commits: s.stats.commits.Load(), CommitErrors: s.stats.commitErrors.Load(), FencedCommits: s.stats.fenced.Load(),
+		Commits:     s.stats.commits.Load(), CommitErrors: s.stats.commitErrors.Load(), FencedCommits: s.stats.fenced.Load(),
 		StaleSettles: s.stats.staleSettles.Load(), Dropped: s.stats.dropped.Load(),
 		LocalRetries: s.stats.localRetries.Load(), RetryWrites: s.stats.retryWrites.Load(),
 		RetryWriteErrors: s.stats.retryWriteErrors.Load(), Generations: s.stats.generations.Load(),
