@@ -8,6 +8,7 @@ import (
 
 	"github.com/sluice-go/sluice/backpressure"
 	"github.com/sluice-go/sluice/consumer"
+	"github.com/sluice-go/sluice/expiry"
 )
 
 // benchSource hands out b.N preallocated messages so the benchmark measures
@@ -46,6 +47,14 @@ func BenchmarkCorePath(b *testing.B) {
 	benchCorePath(b, func(r *consumer.Route) {})
 }
 
+// BenchmarkCorePathDeadline is BenchmarkCorePath with every message
+// carrying a deadline (an hour away): the path of predictive expiry, which
+// times each handler run and plans each fetched batch.
+func BenchmarkCorePathDeadline(b *testing.B) {
+	dl := consumer.Headers{expiry.DefaultHeader: {expiry.FormatDeadline(time.Now().Add(time.Hour))}}
+	benchCorePathWith(b, dl, func(r *consumer.Route) {})
+}
+
 // BenchmarkCorePathOverload is BenchmarkCorePath with the overload options
 // that act per message switched on (shared Slots, a RetryBudget, an
 // AdaptiveLimit, a pull Throttle and LIFO queue shedding), to compare
@@ -65,7 +74,10 @@ func BenchmarkCorePathOverload(b *testing.B) {
 
 // benchCorePath runs b.N in-memory messages through one route (window 256,
 // 2 workers, no-op handler) shaped by opt.
-func benchCorePath(b *testing.B, opt func(*consumer.Route)) {
+func benchCorePath(b *testing.B, opt func(*consumer.Route)) { benchCorePathWith(b, nil, opt) }
+
+// benchCorePathWith is benchCorePath with these headers on every message.
+func benchCorePathWith(b *testing.B, h consumer.Headers, opt func(*consumer.Route)) {
 	var settled atomic.Int64
 	msgs := make([]*consumer.Message, b.N)
 	val := make([]byte, 128)
@@ -73,6 +85,7 @@ func benchCorePath(b *testing.B, opt func(*consumer.Route)) {
 	for i := range msgs {
 		msgs[i] = consumer.NewMessage(ack)
 		msgs[i].Value = val
+		msgs[i].Headers = h
 	}
 	src := &benchSource{msgs: msgs, done: make(chan struct{})}
 	r := consumer.Route{

@@ -245,8 +245,12 @@ type OverloadPolicy struct {
 	Queue QueuePolicy
 	// ShedNearDeadline sheds (reason ShedNearDeadline) a message that has
 	// less than this left before its deadline when it is fetched or when a
-	// worker picks it: it would most likely finish late. 0 means off;
-	// messages without a deadline are never shed this way.
+	// worker picks it. Predictive expiry (see the package documentation)
+	// already keeps messages that would finish late from starting, from
+	// the latency the route learns; this is an explicit floor on top, for
+	// a handler whose latency the route cannot learn well (rare, bursty
+	// runs). 0 means off; messages without a deadline are never shed this
+	// way.
 	ShedNearDeadline time.Duration
 	// OnShed settles shed messages; default ShedNak.
 	OnShed ShedAction

@@ -43,8 +43,10 @@ type route struct {
 	keepAlive time.Duration
 	expiryOn  bool
 	header    string
-	stopping  atomic.Bool
-	log       errorLog
+	// pred is the route's predictive expiry, nil when it has no deadlines.
+	pred     *predictor
+	stopping atomic.Bool
+	log      errorLog
 
 	handlerCtx context.Context
 	settleCtx  context.Context
@@ -131,6 +133,9 @@ func newRoute(cfg Route, clock Clock, opts Options) (*route, error) {
 		queue:    newQueue(cfg.Overload.Queue.Order, cfg.Overload.Queue.DropWhenFull, cfg.Overload.Queue.MaxLength),
 		failures: map[dlq.Origin]failure{},
 		fill:     1,
+	}
+	if r.expiryOn {
+		r.pred = newPredictor(cfg.Workers)
 	}
 	r.log.init(cfg.Name, opts.Logger, opts.LogInterval)
 	info, err := cfg.Source.Attach(RouteLimits{
@@ -221,6 +226,10 @@ func (r *route) stats() RouteStats {
 		o.ThrottleProbability = t.Probability()
 	}
 	o.ThrottleRefused = r.c.throttled.Load()
+	o.ExpiredEarly = r.c.expiredEarly.Load()
+	if r.pred != nil {
+		o.HandlerMean, o.HandlerP99, _ = r.pred.lat.estimate()
+	}
 	return s
 }
 
@@ -261,7 +270,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	aliveCtx, stopAlive := context.WithCancel(settleCtx)
 	defer stopAlive()
 
-	var workers, fetchers, alive sync.WaitGroup
+	var workers, fetchers, reapers, alive sync.WaitGroup
 	errs := make([]error, len(c.routes))
 	var active atomic.Int32
 	active.Store(int32(len(c.routes)))
@@ -279,11 +288,14 @@ func (c *Consumer) Run(ctx context.Context) error {
 				cancelRun() // every route has stopped: nothing more to do
 			}
 		}()
-		for range r.cfg.Workers {
+		if r.pred != nil {
+			reapers.Go(func() { r.reapLoop(runCtx) })
+		}
+		for w := range r.cfg.Workers {
 			workers.Add(1)
 			go func() {
 				defer workers.Done()
-				r.work()
+				r.work(w)
 			}()
 		}
 		if r.keepAlive > 0 {
@@ -305,6 +317,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	stopSettling := time.AfterFunc(time.Until(hardEnd), cancelSettle)
 	defer stopSettling.Stop()
 
+	reapers.Wait()
 	var stuckErr error
 	if !waitUntil(&fetchers, hardEnd) {
 		// A fetch loop is inside a Source or sink call that ignores its

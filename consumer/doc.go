@@ -16,6 +16,28 @@
 // slow handler shows up as broker lag, not as process memory. Capacity comes
 // back exactly once per message, when its settlement is done.
 //
+// # Predictive expiry
+//
+// A message with a deadline (the Sluice-Deadline header by default, see
+// expiry.Policy) is started only if it is predicted to finish in time. The
+// route learns its handler's latency from its own recent runs on messages
+// with a deadline (their mean and 99th percentile, plus a tenth of it and
+// a millisecond of margin) and checks each message three times: when it
+// is fetched (now + its expected wait for a worker + the handler's p99
+// must fit before the deadline), while it is queued (the moment it could
+// no longer start in time, it is settled without waiting for a worker),
+// and when a worker picks it, right before the handler. A message that
+// would finish late is settled as Expired (counted in
+// OverloadStats.ExpiredEarly) at once, so it frees its window capacity and
+// its broker slot and no worker spends time on a result nobody waits for.
+// Under a sustained backlog this keeps goodput at the handler's capacity
+// whatever the window: the route drains the stale part of the backlog at
+// fetch and runs what can still make it (successes then finish shortly
+// before their deadline; bound the queue with Overload.Queue for lower
+// latency). Before the first run with a deadline the route checks deadlines
+// only; messages without a deadline are never affected.
+// Overload.ShedNearDeadline stays available as an explicit floor.
+//
 // # The settlement contract
 //
 // Every message a Source hands over is counted in RouteStats.Fetched and

@@ -114,6 +114,11 @@ func (r *route) admit(ctx context.Context, msgs []*Message) {
 	for _, m := range msgs {
 		r.hold(m, held)
 	}
+	// Predictive expiry: the first message with a deadline plans the batch
+	// (when each queue position is expected to start); each message queued
+	// takes the next position (FIFO) or the first (LIFO).
+	var pl plan
+	planned, pos := false, 0
 	for _, m := range msgs {
 		if msgState(m.state.Load()) != stateHeld {
 			continue // abandoned by a shutdown that could not wait for us
@@ -147,6 +152,25 @@ func (r *route) admit(ctx context.Context, msgs []*Message) {
 				r.shed(m, ShedNearDeadline)
 				continue
 			}
+			if r.pred != nil && !m.deadline.IsZero() {
+				if !planned {
+					planned, pl = true, r.pred.plan(now)
+					if r.cfg.Overload.Queue.Order == QueueFIFO {
+						pos = r.queue.len()
+					}
+				}
+				if pl.lateAt(now, m.deadline, pos) {
+					r.expireEarly(m, now)
+					continue
+				}
+				// Past this moment it could not finish in time (before the
+				// route has learned its handler: past its deadline): the
+				// reaper settles it if it is still queued then.
+				m.startBy = m.deadline.Add(-pl.high).UnixNano()
+			}
+		}
+		if r.cfg.Overload.Queue.Order == QueueFIFO {
+			pos++
 		}
 		if v := r.queue.push(m); v != nil {
 			r.shed(v, ShedQueueFull)

@@ -123,6 +123,7 @@ type Message struct {
 	confirm   error        // Confirm's result when it came before Settle returned
 	verdict   verdict      // what the settling party decided (set before stateClaimed ends)
 	deadline  time.Time
+	startBy   int64 // unix nanos (route clock) after which it cannot start in time; 0: none
 	fetchedAt time.Time
 	touched   atomic.Int64 // unix nanos of the last InProgress or fetch
 	charged   atomic.Int64 // bytes charged to the window; -1: none

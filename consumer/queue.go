@@ -21,10 +21,16 @@ type queue struct {
 	head   int        // index of the oldest item
 	n      int
 	closed bool
+
+	// earliest is the earliest start-by time (Message.startBy) pushed
+	// since the last reap, 0 if none; reap wakes the route's reaper when
+	// a push lowers it.
+	earliest int64
+	reap     chan struct{}
 }
 
 func newQueue(order QueueOrder, drop DropPolicy, limit int) *queue {
-	q := &queue{order: order, drop: drop, limit: limit}
+	q := &queue{order: order, drop: drop, limit: limit, reap: make(chan struct{}, 1)}
 	q.cond.L = &q.mu
 	return q
 }
@@ -102,7 +108,42 @@ func (q *queue) push(m *Message) (victim *Message) {
 	}
 	q.pushLocked(m)
 	q.cond.Signal()
+	if m.startBy != 0 && (q.earliest == 0 || m.startBy < q.earliest) {
+		q.earliest = m.startBy
+		select {
+		case q.reap <- struct{}{}:
+		default:
+		}
+	}
 	return victim
+}
+
+// takeLate removes the queued messages whose start-by time is at or before
+// now and returns them, with the earliest start-by time of those left (0:
+// none).
+func (q *queue) takeLate(now int64) (late []*Message, next int64) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	mask := len(q.buf) - 1
+	kept := 0
+	for i := 0; i < q.n; i++ {
+		m := q.buf[(q.head+i)&mask]
+		if m.startBy != 0 && m.startBy <= now {
+			late = append(late, m)
+			continue
+		}
+		if m.startBy != 0 && (next == 0 || m.startBy < next) {
+			next = m.startBy
+		}
+		q.buf[(q.head+kept)&mask] = m
+		kept++
+	}
+	for i := kept; i < q.n; i++ {
+		q.buf[(q.head+i)&mask] = nil
+	}
+	q.n = kept
+	q.earliest = next
+	return late, next
 }
 
 // pop blocks until a message is queued or the queue is closed and empty.

@@ -13,9 +13,9 @@ import (
 	"github.com/sluice-go/sluice/expiry"
 )
 
-// work is one worker: it takes queued messages until the queue is closed
-// and empty.
-func (r *route) work() {
+// work is worker w: it takes queued messages until the queue is closed and
+// empty.
+func (r *route) work(w int) {
 	for {
 		m, ok := r.queue.pop()
 		if !ok {
@@ -25,13 +25,13 @@ func (r *route) work() {
 			r.giveBack(m)
 			continue
 		}
-		r.process(m)
+		r.process(m, w)
 	}
 }
 
-// process runs one message through its last checks and the handler, and
-// settles it from the result.
-func (r *route) process(m *Message) {
+// process runs one message through its last checks and the handler on
+// worker w, and settles it from the result.
+func (r *route) process(m *Message, w int) {
 	if f, ok := r.awaitingLetter(m); ok {
 		// Out of attempts before, and its dead-letter write failed: it is
 		// not run again, only written again.
@@ -49,6 +49,10 @@ func (r *route) process(m *Message) {
 			r.shed(m, ShedNearDeadline)
 			return
 		}
+		if r.pred != nil && r.cfg.Overload.Slots == nil && r.pred.tooLate(now, m.deadline) {
+			r.expireEarly(m, now)
+			return
+		}
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithDeadline(ctx, m.deadline)
 		defer cancel()
@@ -59,8 +63,13 @@ func (r *route) process(m *Message) {
 		}
 		defer s.Release()
 	}
-	if !r.timed {
+	learn := r.pred != nil && !m.deadline.IsZero()
+	if !r.timed && !learn {
 		// Nobody reads the handler's latency: skip the two clock reads.
+		if r.pred != nil {
+			r.pred.busy[w].Store(busyUntimed)
+			defer r.pred.busy[w].Store(0)
+		}
 		r.finish(ctx, m, r.call(ctx, m))
 		return
 	}
@@ -68,8 +77,17 @@ func (r *route) process(m *Message) {
 	if b := r.cfg.Overload.RetryBudget; b != nil && m.Attempt <= 1 {
 		b.AttemptAt(start)
 	}
+	if r.pred != nil {
+		r.pred.busy[w].Store(start.UnixNano())
+	}
 	err := r.call(ctx, m)
 	latency := time.Since(start)
+	if r.pred != nil {
+		r.pred.busy[w].Store(0)
+		if learn {
+			r.pred.lat.observe(start.Add(latency), latency)
+		}
+	}
 	if r.cfg.Overload.Throttle != nil || r.cfg.Overload.AdaptiveLimit != nil {
 		r.feedback(start.Add(latency), latency, err)
 	}
@@ -101,10 +119,18 @@ func (r *route) takeSlot(ctx context.Context, m *Message) bool {
 		r.giveBack(m)
 		return false
 	}
-	if d := r.cfg.Overload.ShedNearDeadline; d > 0 && !m.deadline.IsZero() && m.deadline.Sub(r.clock.Now()) < d {
-		slots.Release()
-		r.shed(m, ShedNearDeadline)
-		return false
+	if !m.deadline.IsZero() {
+		now := r.clock.Now()
+		if d := r.cfg.Overload.ShedNearDeadline; d > 0 && m.deadline.Sub(now) < d {
+			slots.Release()
+			r.shed(m, ShedNearDeadline)
+			return false
+		}
+		if r.pred != nil && r.pred.tooLate(now, m.deadline) {
+			slots.Release()
+			r.expireEarly(m, now)
+			return false
+		}
 	}
 	return true
 }
@@ -193,6 +219,13 @@ func (r *route) finish(ctx context.Context, m *Message, err error) Outcome {
 		r.settle(m, nak(OutcomeRetried, r.retry.Backoff(m.Attempt)))
 		return OutcomeRetried
 	}
+}
+
+// expireEarly settles, as expired, a message predicted to finish after its
+// deadline.
+func (r *route) expireEarly(m *Message, now time.Time) {
+	r.c.expiredEarly.Add(1)
+	r.expire(m, now)
 }
 
 // expire settles a message whose deadline passed, by DeadLetter.OnExpired.

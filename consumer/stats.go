@@ -174,6 +174,15 @@ type OverloadStats struct {
 	// ThrottleRefused counts window slots the Throttle kept the fetch loop
 	// from filling.
 	ThrottleRefused uint64
+	// ExpiredEarly counts messages settled as expired (they are in
+	// Settled[OutcomeExpired]) before their deadline, at fetch, in the
+	// queue or when a worker picked them, because the route predicted they
+	// would finish after it (predictive expiry).
+	ExpiredEarly uint64
+	// HandlerMean and HandlerP99 are the handler latency the route has
+	// learned from its recent runs on messages with a deadline, which
+	// predictive expiry uses; 0 before the first such run.
+	HandlerMean, HandlerP99 time.Duration
 }
 
 // Observer receives each route once at New, with a function that snapshots
@@ -203,6 +212,7 @@ type counters struct {
 	shed          [numShedReasons][4]atomic.Uint64
 	budgetOut     atomic.Uint64
 	throttled     atomic.Uint64
+	expiredEarly  atomic.Uint64
 }
 
 // inflight is the set of messages a route holds, for keep-alive, the

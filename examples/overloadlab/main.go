@@ -259,8 +259,8 @@ func runLab(ctx context.Context, cfg config, w io.Writer) (*report, error) {
 	if cfg.mode == "grid" || cfg.mode == "degrade" || cfg.mode == "cpu" || cfg.mode == "cost" {
 		return rep, runOwnMode(ctx, b, cfg, rep, w)
 	}
-	fmt.Fprintf(w, "overloadlab: broker %s, %d workers × %v sleep, deadline %v; plain bounded queue %d; sluice minimal window %d; sluice tuned window %d, start-by margin %v\n",
-		b.name(), cfg.workers, cfg.cost, cfg.deadline, cfg.queueCap, minimalWindow, cfg.windowFor(cfg.workers), cfg.marginFor(cfg.cost, cfg.deadline))
+	fmt.Fprintf(w, "overloadlab: broker %s, %d workers × %v sleep, deadline %v; plain bounded queue %d; sluice minimal: defaults; sluice tuned: window %d, start-by margin %v\n",
+		b.name(), cfg.workers, cfg.cost, cfg.deadline, cfg.queueCap, cfg.windowFor(cfg.workers), cfg.marginFor(cfg.cost, cfg.deadline))
 	needCap := cfg.mode != "backpressure"
 	if needCap && rep.capacity == 0 {
 		c, err := measureCapacity(ctx, b, cfg)

@@ -61,19 +61,22 @@ func smoke(t *testing.T, broker, steps string) {
 		u, _ := s.of(unprotected)
 		b, _ := s.of(boundedQueue)
 		tu, _ := s.of(sluiceTuned)
-		if _, ok := s.of(sluiceMinimal); !ok {
+		mi, ok := s.of(sluiceMinimal)
+		if !ok {
 			t.Errorf("%g×: no sluice minimal row", s.load)
 		}
 		if u.wasted == 0 {
 			t.Errorf("%g×: the unprotected consumer never ran an expired message: the load did not overload it", s.load)
 		}
-		for _, r := range []result{b, tu} {
+		for _, r := range []result{b, mi, tu} {
 			if r.goodput <= u.goodput {
 				t.Errorf("%g×: %v goodput %.0f/s not above the unprotected %.0f/s", s.load, r.spec.kind, r.goodput, u.goodput)
 			}
 		}
-		if tu.wasted != 0 {
-			t.Errorf("%g×: sluice tuned started %d handler runs on expired messages", s.load, tu.wasted)
+		for _, r := range []result{mi, tu} {
+			if r.wasted != 0 {
+				t.Errorf("%g×: %v started %d handler runs on expired messages", s.load, r.spec.kind, r.wasted)
+			}
 		}
 		if tu.peakInFlight > cfg.windowFor(cfg.workers) {
 			t.Errorf("%g×: sluice tuned held %d messages, window %d", s.load, tu.peakInFlight, cfg.windowFor(cfg.workers))
@@ -126,7 +129,7 @@ func TestGridQuick(t *testing.T) {
 		if u.wasted == 0 {
 			t.Errorf("5×: the unprotected consumer ran no expired message")
 		}
-		for _, k := range []kind{boundedQueue, sluiceTuned} {
+		for _, k := range []kind{boundedQueue, sluiceMinimal, sluiceTuned} {
 			if r, _ := c.of(k); r.goodput <= u.goodput || r.wasted != 0 {
 				t.Errorf("5×: %v goodput %.0f/s (unprotected %.0f/s), %d wasted", k, r.goodput, u.goodput, r.wasted)
 			}

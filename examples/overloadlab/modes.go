@@ -57,7 +57,7 @@ func dropPolicies(cfg config, rate float64) []struct {
 	}{
 		{"unbounded FIFO (unprotected)", mk("d_fifo", unprotected, 0, limits{}, nil)},
 		{fmt.Sprintf("plain client, bounded queue %d, tail drop + expiry check", cfg.queueCap), mk("d_plain", boundedQueue, 0, limits{}, nil)},
-		{"sluice minimal (window 64, expiry)", mk("d_minimal", sluiceMinimal, 0, limits{}, nil)},
+		{"sluice minimal (defaults)", mk("d_minimal", sluiceMinimal, 0, limits{}, nil)},
 		{fmt.Sprintf("tail-drop (queue %d, DropNewest)", n), mk("d_tail", sluiceTuned, 0, limits{}, queue(consumer.QueueFIFO, consumer.DropNewest))},
 		{fmt.Sprintf("head-drop (queue %d, DropOldest)", n), mk("d_head", sluiceTuned, 0, limits{}, queue(consumer.QueueFIFO, consumer.DropOldest))},
 		{fmt.Sprintf("LIFO + drop oldest (queue %d)", n), mk("d_lifo", sluiceTuned, 0, limits{}, queue(consumer.QueueLIFO, consumer.DropOldest))},

@@ -10,34 +10,23 @@ import (
 	"github.com/sluice-go/sluice/expiry"
 )
 
-// The minimal route is what a new user writes after reading the README's
-// "Use" section: Name, Source, Handler, the deadline header, and the
-// numbers the API requires, copied from the README (window 64 messages and
-// 8 MiB). Workers is the handler's concurrency, the one number that
-// describes the handler being emulated, so every consumer gets the same.
-const (
-	minimalWindow = 64
-	minimalBytes  = 8 << 20
-)
+// The minimal route is what a new user writes: Name, Source and Handler
+// (deadlines come from the Sluice-Deadline header by default), on a Source
+// with its default options. Workers is set too: it is the handler's
+// concurrency, the one number that describes the handler being emulated,
+// so every consumer gets the same.
 
 // sourceFor is the route window a trial's Source is made for.
 func sourceFor(spec trialSpec) srcOpts {
 	if spec.kind == sluiceMinimal {
-		return srcOpts{messages: minimalWindow, bytes: minimalBytes}
+		return srcOpts{}
 	}
 	return srcOpts{messages: spec.window, bytes: windowBytes(spec.window, spec.payload), tuned: true}
 }
 
 // minimalRoute is the route with the least configuration.
 func minimalRoute(name string, src consumer.Source, workers int, h consumer.Handler) consumer.Route {
-	return consumer.Route{
-		Name:    name,
-		Source:  src,
-		Handler: h,
-		Workers: workers,
-		Expiry:  expiry.Policy{},
-		Window:  consumer.WindowPolicy{Messages: minimalWindow, Bytes: minimalBytes},
-	}
+	return consumer.Route{Name: name, Source: src, Handler: h, Workers: workers}
 }
 
 // tunedRoute is the route with the lab's advice: a window of 2×workers, a

@@ -1,0 +1,207 @@
+package consumer
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Predictive expiry. A message with a deadline is started only if it is
+// predicted to finish in time: when it is fetched, its expected wait for a
+// worker plus a high quantile of the route's recent handler latency must fit
+// before its deadline; when a worker picks it (and again after a shared
+// slot, if any), the latency quantile alone must. A message that would miss
+// is settled at once as expired (DeadLetter.OnExpired, counted in
+// OverloadStats.ExpiredEarly), so it frees its window capacity and its
+// broker slot instead of taking a worker to produce a late result. The
+// route learns the handler's latency from its own runs on messages with a
+// deadline; until the first such run it checks deadlines only.
+
+// highQuantile is the handler latency a message must have left before its
+// deadline to start: the 99th percentile of recent runs, plus a tenth of
+// it and a millisecond (runMargin), so a run predicted to just make it
+// does not race its own deadline.
+const highQuantile = 0.99
+
+func runMargin(high time.Duration) time.Duration { return high/10 + time.Millisecond }
+
+// latencies learns a route's handler latency online from its last
+// len(ring) runs: their mean and a high quantile, recomputed on each of the
+// first warmRuns runs and then at most every recomputeEvery, by whichever
+// run finds it due. Observing costs two atomic operations; reading, two
+// atomic loads.
+type latencies struct {
+	ring [256]atomic.Int64 // nanoseconds; 0: not stored yet
+	n    atomic.Uint64     // runs observed
+	due  atomic.Int64      // unix nanos of the next recompute
+
+	mu      sync.Mutex // one recompute at a time
+	scratch []time.Duration
+
+	mean, high atomic.Int64 // nanoseconds; 0 before the first run
+}
+
+const (
+	recomputeEvery = 20 * time.Millisecond
+	warmRuns       = 16
+)
+
+// observe records a run of d that ended at now.
+func (l *latencies) observe(now time.Time, d time.Duration) {
+	n := l.n.Add(1)
+	l.ring[(n-1)%uint64(len(l.ring))].Store(int64(max(d, 1)))
+	if n > warmRuns && now.UnixNano() < l.due.Load() {
+		return
+	}
+	if !l.mu.TryLock() {
+		return // another run is recomputing
+	}
+	l.due.Store(now.Add(recomputeEvery).UnixNano())
+	l.recomputeLocked(min(n, uint64(len(l.ring))))
+	l.mu.Unlock()
+}
+
+func (l *latencies) recomputeLocked(n uint64) {
+	s := l.scratch[:0]
+	var sum time.Duration
+	for i := range n {
+		if d := time.Duration(l.ring[i].Load()); d > 0 {
+			s = append(s, d)
+			sum += d
+		}
+	}
+	if len(s) == 0 {
+		return
+	}
+	// 256 values sorted at most every 20 ms: ~10 µs, nothing per message.
+	slices.Sort(s)
+	i := int(highQuantile*float64(len(s))+0.999999) - 1
+	l.high.Store(int64(s[min(max(i, 0), len(s)-1)]))
+	l.mean.Store(int64(sum / time.Duration(len(s))))
+	l.scratch = s
+}
+
+// estimate returns the mean and the high quantile, and false before any
+// run.
+func (l *latencies) estimate() (mean, high time.Duration, ok bool) {
+	h := l.high.Load()
+	return time.Duration(l.mean.Load()), time.Duration(h), h > 0
+}
+
+// predictor is a route's predictive expiry: its learned handler latency
+// and what each worker is doing.
+type predictor struct {
+	lat latencies
+	// busy[i] is worker i's state: 0 idle, busyUntimed running a message
+	// without a deadline (start unknown), else the unix nanos its current
+	// handler run started.
+	busy []atomic.Int64
+	// free is the fetch loop's scratch for plan.
+	free []time.Duration
+}
+
+const busyUntimed = -1
+
+func newPredictor(workers int) *predictor {
+	return &predictor{busy: make([]atomic.Int64, workers)}
+}
+
+// plan is the prediction for one fetched batch.
+type plan struct {
+	ok   bool
+	high time.Duration // a run's high-quantile latency, with its margin
+	mean time.Duration
+	// free[i] is how long from now until the i-th worker to come free
+	// takes its next message (sorted).
+	free []time.Duration
+}
+
+// plan predicts, at now, when each queue position will start. It is called
+// by the fetch loop once per batch.
+func (p *predictor) plan(now time.Time) plan {
+	mean, high, ok := p.lat.estimate()
+	if !ok {
+		return plan{}
+	}
+	high += runMargin(high)
+	free := p.free[:0]
+	for i := range p.busy {
+		var left time.Duration
+		switch s := p.busy[i].Load(); s {
+		case 0:
+		case busyUntimed:
+			left = mean / 2
+		default:
+			left = max(0, mean-now.Sub(time.Unix(0, s)))
+		}
+		free = append(free, left)
+	}
+	slices.Sort(free)
+	p.free = free
+	return plan{ok: true, high: high, mean: mean, free: free}
+}
+
+// wait is the expected wait before the message at queue position pos
+// (0: next) starts: with every run taking the mean, position pos goes to
+// the (pos mod W)-th worker to come free, after pos/W more runs on it.
+func (pl plan) wait(pos int) time.Duration {
+	w := len(pl.free)
+	return pl.free[pos%w] + time.Duration(pos/w)*pl.mean
+}
+
+// lateAt reports whether a message with deadline, at queue position pos
+// at now, is predicted to finish after its deadline.
+func (pl plan) lateAt(now, deadline time.Time, pos int) bool {
+	return pl.ok && now.Add(pl.wait(pos)+pl.high).After(deadline)
+}
+
+// tooLate reports whether a message with deadline, started at now, is
+// predicted to finish after it.
+func (p *predictor) tooLate(now, deadline time.Time) bool {
+	_, high, ok := p.lat.estimate()
+	return ok && now.Add(high+runMargin(high)).After(deadline)
+}
+
+// reapLoop settles, as expired, queued messages that can no longer start
+// in time (their start-by time, set when they were queued, has passed),
+// without waiting for a worker to reach them: each frees its window
+// capacity and its broker slot at once. It wakes at the earliest start-by
+// time in the queue, at most every reapGap, until ctx ends.
+func (r *route) reapLoop(ctx context.Context) {
+	t := time.NewTimer(time.Hour)
+	defer t.Stop()
+	var next int64
+	for {
+		if next != 0 {
+			t.Reset(max(reapGap, time.Duration(next-r.clock.Now().UnixNano())))
+		} else {
+			t.Stop()
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.queue.reap:
+			// A push lowered the earliest start-by: take it into account.
+			r.queue.mu.Lock()
+			e := r.queue.earliest
+			r.queue.mu.Unlock()
+			if next == 0 || e != 0 && e < next {
+				next = e
+			}
+			continue
+		case <-t.C:
+		}
+		now := r.clock.Now()
+		var late []*Message
+		late, next = r.queue.takeLate(now.UnixNano())
+		for _, m := range late {
+			r.expireEarly(m, now)
+		}
+	}
+}
+
+// reapGap is the least time between two passes of the reaper over the
+// queue.
+const reapGap = time.Millisecond

@@ -1,0 +1,66 @@
+package consumer
+
+import (
+	"testing"
+	"time"
+)
+
+func TestLatenciesLearn(t *testing.T) {
+	var l latencies
+	if _, _, ok := l.estimate(); ok {
+		t.Fatal("an estimate before any run")
+	}
+	t0 := time.Unix(1000, 0)
+	// The first runs count one by one.
+	l.observe(t0, 30*time.Millisecond)
+	if m, h, ok := l.estimate(); !ok || m != 30*time.Millisecond || h != 30*time.Millisecond {
+		t.Fatalf("after one run: %v %v %v", m, h, ok)
+	}
+	// 1000 runs of 20 ms with every 50th at 100 ms: the ring holds the
+	// last 256, of which 5 or 6 are slow: p99 is 100 ms, the mean ~21.6 ms.
+	for i := range 1000 {
+		d := 20 * time.Millisecond
+		if i%50 == 49 {
+			d = 100 * time.Millisecond
+		}
+		l.observe(t0.Add(time.Duration(i)*time.Millisecond), d)
+	}
+	m, h, _ := l.estimate()
+	if h != 100*time.Millisecond || m < 21*time.Millisecond || m > 22*time.Millisecond {
+		t.Fatalf("mean %v, p99 %v", m, h)
+	}
+	// The handler gets faster: within the ring's length the estimate follows.
+	for i := range 256 {
+		l.observe(t0.Add(2*time.Second+time.Duration(i)*recomputeEvery), 5*time.Millisecond)
+	}
+	if m, h, _ := l.estimate(); m != 5*time.Millisecond || h != 5*time.Millisecond {
+		t.Fatalf("after the change: mean %v, p99 %v", m, h)
+	}
+}
+
+func TestPlanWait(t *testing.T) {
+	now := time.Unix(1000, 0)
+	p := newPredictor(3)
+	p.lat.observe(now, 20*time.Millisecond)
+	// Worker 0 idle, worker 1 started 5 ms ago, worker 2 runs a message
+	// without a deadline (half a run left, by assumption).
+	p.busy[1].Store(now.Add(-5 * time.Millisecond).UnixNano())
+	p.busy[2].Store(busyUntimed)
+	pl := p.plan(now)
+	for pos, want := range []time.Duration{0, 10, 15, 20, 30, 35, 40} {
+		if got := pl.wait(pos); got != want*time.Millisecond {
+			t.Errorf("wait(%d) = %v, want %v", pos, got, want*time.Millisecond)
+		}
+	}
+	// Position 2 starts after 15 ms and needs 20 ms + 3 ms of margin.
+	if pl.lateAt(now, now.Add(38*time.Millisecond), 2) || !pl.lateAt(now, now.Add(37*time.Millisecond), 2) {
+		t.Error("lateAt: want on time with 38 ms, late with 37 ms")
+	}
+	if p.tooLate(now, now.Add(23*time.Millisecond)) || !p.tooLate(now, now.Add(22*time.Millisecond)) {
+		t.Error("tooLate: want on time with 23 ms left, late with 22 ms")
+	}
+	// Without a run learned there is no prediction.
+	if q := newPredictor(1); q.plan(now).lateAt(now, now, 5) || q.tooLate(now, now) {
+		t.Error("a prediction before any run")
+	}
+}
