@@ -88,6 +88,11 @@ func TestKafkaCommands(t *testing.T) {
 	if !strings.Contains(out, ": 2 letters") || !strings.Contains(out, "(malformed)") {
 		t.Fatalf("orders: %q", out)
 	}
+	// The origin topic is not a dead-letter store: purge refuses it.
+	_, errOut, code = run(t, "dlq", "purge", "--yes", "--brokers", brokers, "--topic", topics.orders)
+	if code != exitError || !strings.Contains(errOut, "is not a sluice dead-letter store") {
+		t.Fatalf("purge of the origin topic: %d %q", code, errOut)
+	}
 }
 
 func TestKafkaPurgeAndErrors(t *testing.T) {
@@ -119,5 +124,39 @@ func TestKafkaPurgeAndErrors(t *testing.T) {
 		if code != tc.code || !strings.Contains(errOut, tc.want) {
 			t.Errorf("%v: exit %d, stderr %q, want %d and %q", tc.args, code, errOut, tc.code, tc.want)
 		}
+	}
+}
+
+// TestKafkaPurgeOnlyWhatWasShown (issue 12.13): purge counts and prints
+// --upto; a letter written afterwards survives purge --yes --upto.
+func TestKafkaPurgeOnlyWhatWasShown(t *testing.T) {
+	brokers, topics := kafkaFixture(t)
+	k := []string{"--brokers", brokers, "--topic", topics.dlq}
+	_, errOut, code := run(t, append([]string{"dlq", "purge"}, k...)...)
+	if code != exitError || !strings.Contains(errOut, "3 letters in topic") || !strings.Contains(errOut, "add --yes --upto 0@2 to purge them") {
+		t.Fatalf("count: %d %q", code, errOut)
+	}
+	sink, err := kafkaadapter.NewDeadLetterSink(&kafkaadapter.Cluster{Brokers: strings.Split(brokers, ",")}, topics.dlq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := sink.Write(ctx, &dlq.Letter{Value: []byte("late"), Class: dlq.ClassPermanent, Err: "late",
+		Origin: dlq.Origin{Topic: topics.orders, Partition: 0, Offset: 99}}); err != nil {
+		t.Fatal(err)
+	}
+	_ = sink.Close()
+	out, errOut, code := run(t, append([]string{"dlq", "purge", "--yes", "--upto", "0@2"}, k...)...)
+	if code != 0 || !strings.Contains(out, "purged 3 letters") {
+		t.Fatalf("purge: %d %q %q", code, out, errOut)
+	}
+	out, _, _ = run(t, append([]string{"dlq", "ls"}, k...)...)
+	if !strings.Contains(out, ": 1 letters") {
+		t.Fatalf("after purge: %q", out)
+	}
+	_, errOut, code = run(t, append([]string{"dlq", "purge", "--yes", "--upto", "57"}, k...)...)
+	if code != exitUsage || !strings.Contains(errOut, "want partition@offset") {
+		t.Fatalf("bad --upto: %d %q", code, errOut)
 	}
 }

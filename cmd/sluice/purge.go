@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -20,7 +22,7 @@ import (
 func newPurgeCmd(cf *connFlags, o *outputFlag, out io.Writer) *cobra.Command {
 	var terms []string
 	var yes bool
-	var upto uint64
+	var uptoFlag string
 	cmd := &cobra.Command{
 		Use:   "purge",
 		Short: "Delete dead letters (all, or those matching --filter); needs --yes",
@@ -31,12 +33,14 @@ sequences up to the last one it counted (letters written meanwhile stay), on
 Kafka it moves the replay group past exactly the records it read (Kafka cannot
 delete single records; the topic keeps them for other groups).
 
-Without --yes it only counts and prints the --upto to delete exactly those
-letters later. Purge refuses a stream or topic that is not a sluice dead-letter
+Without --yes it only counts and prints the --upto that deletes exactly those
+letters later (NATS: the last stream sequence; Kafka: partition@offset of the
+last record read in each partition). Purge refuses a stream or topic that is not a sluice dead-letter
 store (a stream without the sluice.store mark that holds messages that are not
 dead letters), and on Kafka a group with active members.`,
 		Example: `  sluice dlq purge --nats-store /tmp/qs --filter class=oversize
-  sluice dlq purge --nats-store /tmp/qs --filter class=oversize --yes --upto 57`,
+  sluice dlq purge --nats-store /tmp/qs --filter class=oversize --yes --upto 57
+  sluice dlq purge -b kafka:9092 --topic orders.dlq --yes --upto 0@120,1@97`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			f, err := parseFilter(terms)
@@ -54,8 +58,9 @@ dead letters), and on Kafka a group with active members.`,
 				return usageError{fmt.Errorf("%s: Kafka cannot delete single records, so purge takes no --filter "+
 					"(a purge moves the replay group past every letter; the topic keeps them)", kb.describe())}
 			}
-			if isKafka && cmd.Flags().Changed("upto") {
-				return usageError{errors.New("--upto names a NATS stream sequence; on Kafka purge moves past exactly the records it reads")}
+			upto, kupto, err := parseUpto(uptoFlag, isKafka)
+			if err != nil {
+				return err
 			}
 			if isKafka {
 				if err := kb.checkReplayGroup(ctx); err != nil {
@@ -65,6 +70,7 @@ dead letters), and on Kafka a group with active members.`,
 			// Read: count what matches, up to --upto, and see what the store holds.
 			var matched []*dlq.Pending
 			var last uint64
+			lastOff := map[int]int64{} // Kafka: last offset read per partition
 			total, malformed := 0, 0
 			src, done, err := b.open(ctx)
 			if err != nil {
@@ -84,6 +90,12 @@ dead letters), and on Kafka a group with active members.`,
 					if upto > 0 && seq > upto {
 						continue
 					}
+					if part, off, ok := kafkaPos(p.Pos); ok {
+						if lim, set := kupto[part]; kupto != nil && (!set || off > lim) {
+							continue // past what was shown: not left, so the commit stops before it
+						}
+						lastOff[part] = max(lastOff[part], off)
+					}
 					total++
 					if p.Letter == nil {
 						malformed++
@@ -99,7 +111,15 @@ dead letters), and on Kafka a group with active members.`,
 			}
 			if !yes {
 				hint := ""
-				if !isKafka && len(matched) > 0 {
+				switch {
+				case len(matched) == 0:
+				case isKafka:
+					var parts []string
+					for _, p := range slices.Sorted(maps.Keys(lastOff)) {
+						parts = append(parts, fmt.Sprintf("%d@%d", p, lastOff[p]))
+					}
+					hint = " --upto " + strings.Join(parts, ",")
+				default:
 					hint = fmt.Sprintf(" --upto %d", last)
 				}
 				return fmt.Errorf("%d letters in %s would be deleted; add --yes%s to purge them", len(matched), b.describe(), hint)
@@ -137,8 +157,46 @@ dead letters), and on Kafka a group with active members.`,
 	}
 	addFilterFlag(cmd.Flags(), &terms)
 	cmd.Flags().BoolVar(&yes, "yes", false, "really delete")
-	cmd.Flags().Uint64Var(&upto, "upto", 0, "NATS: consider only letters up to this stream sequence (what an earlier purge without --yes counted)")
+	cmd.Flags().StringVar(&uptoFlag, "upto", "", "delete only up to what an earlier purge without --yes counted: a stream `SEQ` (NATS) or PART@OFFSET,... (Kafka)")
 	return cmd
+}
+
+// parseUpto reads --upto: a stream sequence on NATS, partition@offset
+// pairs on Kafka.
+func parseUpto(v string, isKafka bool) (uint64, map[int]int64, error) {
+	if v == "" {
+		return 0, nil, nil
+	}
+	if !isKafka {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil || n == 0 {
+			return 0, nil, usageError{fmt.Errorf("--upto %q: want the stream sequence an earlier purge printed, e.g. 57", v)}
+		}
+		return n, nil, nil
+	}
+	out := map[int]int64{}
+	for _, kv := range strings.Split(v, ",") {
+		ps, os, ok := strings.Cut(strings.TrimSpace(kv), "@")
+		p, err1 := strconv.Atoi(ps)
+		o, err2 := strconv.ParseInt(os, 10, 64)
+		if !ok || err1 != nil || err2 != nil || p < 0 || o < 0 {
+			return 0, nil, usageError{fmt.Errorf("--upto %q: want partition@offset pairs as an earlier purge printed, e.g. 0@120,1@97", v)}
+		}
+		out[p] = o
+	}
+	return 0, out, nil
+}
+
+// kafkaPos reads partition and offset of a Kafka position ("topic/0@17").
+func kafkaPos(pos string) (int, int64, bool) {
+	i := strings.LastIndexByte(pos, '/')
+	ps, os, ok := strings.Cut(pos[i+1:], "@")
+	if i < 0 || !ok {
+		return 0, 0, false
+	}
+	p, err1 := strconv.Atoi(ps)
+	o, err2 := strconv.ParseInt(os, 10, 64)
+	return p, o, err1 == nil && err2 == nil
 }
 
 // natsSeq reads the stream sequence of a NATS position ("STREAM#42"); 0
