@@ -280,6 +280,9 @@ type Options struct {
 	// Observer receives per-route stats and handler timings (see package
 	// metrics for Prometheus). nil means none.
 	Observer Observer
+	// Hook follows each message through its route (see package otelsluice
+	// for OpenTelemetry tracing). nil means none, at no cost.
+	Hook Hook
 	// Logger receives errors the routes cannot return (fetch, settlement
 	// and dead-letter failures), each distinct error at most once per
 	// LogInterval per route, with the route's name. nil means none; the

@@ -47,6 +47,7 @@ type route struct {
 	pred     *predictor
 	stopping atomic.Bool
 	log      errorLog
+	hooked   // Options.Hook for this route
 
 	handlerCtx context.Context
 	settleCtx  context.Context
@@ -71,8 +72,8 @@ func New(opts Options, routes ...Route) (*Consumer, error) {
 	if opts.ShutdownGrace < 0 || opts.LogInterval < 0 {
 		return nil, fmt.Errorf("%w: ShutdownGrace %v or LogInterval %v is negative", ErrInvalidOption, opts.ShutdownGrace, opts.LogInterval)
 	}
-	if isNil(opts.Clock) && opts.Clock != nil || isNil(opts.Observer) && opts.Observer != nil {
-		return nil, fmt.Errorf("%w: Clock or Observer is a typed nil", ErrInvalidOption)
+	if isNil(opts.Clock) && opts.Clock != nil || isNil(opts.Observer) && opts.Observer != nil || isNil(opts.Hook) && opts.Hook != nil {
+		return nil, fmt.Errorf("%w: Clock, Observer or Hook is a typed nil", ErrInvalidOption)
 	}
 	c := &Consumer{grace: opts.ShutdownGrace}
 	if c.grace == 0 {
@@ -165,8 +166,11 @@ func newRoute(cfg Route, clock Clock, opts Options) (*route, error) {
 	if opts.Observer != nil {
 		r.obs = opts.Observer.ObserveRoute(r.routeInfo(), r.stats)
 	}
+	if opts.Hook != nil {
+		r.hook = opts.Hook.HookRoute(r.routeInfo())
+	}
 	o := &cfg.Overload
-	r.timed = r.obs != nil || o.RetryBudget != nil || o.Throttle != nil || o.AdaptiveLimit != nil
+	r.timed = r.obs != nil || r.hook != nil || o.RetryBudget != nil || o.Throttle != nil || o.AdaptiveLimit != nil
 	return r, nil
 }
 

@@ -39,6 +39,7 @@ func (r *route) fetchLoop(ctx context.Context) error {
 				d := float64(n) * r.fill
 				throttle.CountAt(time.Now(), d, d, 0)
 				r.c.throttled.Add(uint64(d + 0.5))
+				r.throttled += r.cfg.Overload.ThrottleWait
 				if !pause(ctx, r.cfg.Overload.ThrottleWait) {
 					return nil
 				}
@@ -60,6 +61,7 @@ func (r *route) fetchLoop(ctx context.Context) error {
 					if len(msgs) > 0 {
 						r.admit(ctx, msgs)
 					}
+					r.throttled += r.cfg.Overload.ThrottleWait
 					if !pause(ctx, r.cfg.Overload.ThrottleWait) {
 						return nil
 					}
@@ -111,6 +113,9 @@ func (r *route) admit(ctx context.Context, msgs []*Message) {
 	now := r.clock.Now()
 	held := time.Now()
 	r.c.fetched.Add(uint64(len(msgs)))
+	if r.hook != nil {
+		r.noteFetch()
+	}
 	for _, m := range msgs {
 		r.hold(m, held)
 	}
@@ -198,6 +203,9 @@ func (r *route) hold(m *Message, now time.Time) {
 		} else {
 			r.c.badCrit.Add(1)
 		}
+	}
+	if r.hook != nil {
+		r.holdHook(m)
 	}
 	if !m.state.CompareAndSwap(int32(stateNew), int32(stateHeld)) {
 		panic("consumer: a Source returned the same Message twice")

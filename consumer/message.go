@@ -129,7 +129,8 @@ type Message struct {
 	charged   atomic.Int64 // bytes charged to the window; -1: none
 	slot      int32
 	crit      backpressure.Criticality
-	late      bool // succeeded after its deadline
+	late      bool            // succeeded after its deadline
+	hctx      context.Context // what the route's MessageHook.Held returned
 }
 
 // NewMessage returns a Message settled through a. Adapters call it (or

@@ -131,6 +131,7 @@ func PropagateCriticality(ctx context.Context, h Headers) bool {
 // shed settles a held message by the route's ShedAction.
 func (r *route) shed(m *Message, reason ShedReason) {
 	r.c.shed[reason][m.crit&3].Add(1)
+	r.event(m, Event{Kind: EventShed, Shed: reason})
 	if r.cfg.Overload.OnShed == ShedAck {
 		r.forget(m)
 		r.settle(m, ack(OutcomeShed))

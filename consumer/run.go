@@ -39,6 +39,9 @@ func (r *route) process(m *Message, w int) {
 		return
 	}
 	ctx := r.classCtx[m.crit&3]
+	if m.hctx != nil {
+		ctx = m.hctx // the Hook's, derived from it
+	}
 	if !m.deadline.IsZero() {
 		now := r.clock.Now()
 		if expiry.Expired(m.deadline, now) {
@@ -80,8 +83,14 @@ func (r *route) process(m *Message, w int) {
 	if r.pred != nil {
 		r.pred.busy[w].Store(start.UnixNano())
 	}
+	if r.hook != nil {
+		r.hook.Event(m.hctx, m, Event{Kind: EventStart, Elapsed: start.Sub(m.fetchedAt)})
+	}
 	err := r.call(ctx, m)
 	latency := time.Since(start)
+	if r.hook != nil && msgState(m.state.Load()) == stateHeld {
+		r.hook.Event(m.hctx, m, Event{Kind: EventEnd, Err: err, Elapsed: latency})
+	}
 	if r.pred != nil {
 		r.pred.busy[w].Store(0)
 		if learn {
@@ -257,6 +266,7 @@ func (r *route) toSink(m *Message, class string, cause error, now time.Time, suc
 	reason := class + ": " + firstLine(cause.Error())
 	sink := r.cfg.DeadLetter.Sink
 	if sink == nil {
+		r.event(m, Event{Kind: EventLetter, Class: class, Err: cause})
 		o := OutcomeTerminated
 		if success == OutcomeExpired {
 			o = OutcomeExpired
@@ -269,6 +279,7 @@ func (r *route) toSink(m *Message, class string, cause error, now time.Time, suc
 		return OutcomeAbandoned // settled by another party (shutdown)
 	}
 	l := r.letter(m, class, cause, now)
+	r.event(m, Event{Kind: EventLetter, Class: class, Err: cause, Letter: l})
 	err := sink.Write(r.settleCtx, l)
 	for delay := 100 * time.Millisecond; err != nil && r.lastDelivery(m); delay = min(2*delay, 5*time.Second) {
 		r.c.dlqErrors.Add(1)

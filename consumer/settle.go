@@ -112,6 +112,9 @@ func Confirm(m *Message, err error) {
 func (r *route) complete(m *Message, settleErr error) {
 	m.state.Store(int32(stateDone))
 	o := m.verdict.outcome
+	if r.hook != nil {
+		r.hook.Event(m.hctx, m, Event{Kind: EventSettled, Outcome: o, Settlement: m.verdict.op, Err: settleErr})
+	}
 	if settleErr != nil {
 		r.c.settleErrors.Add(1)
 		r.noteError("settle ("+m.verdict.op.Op.String()+")", settleErr)
