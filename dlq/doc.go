@@ -22,6 +22,8 @@
 //	Sluice-Dlq-Truncated      what was cut to fit the store (never replayed then)
 //	Sluice-Dlq-Packed-Headers original headers too large for the broker's header
 //	                          limit: they take this many first bytes of the value
+//	Sluice-Dlq-Trace-<field>  trace context of the processing that dead-lettered it
+//	                          (Letter.Trace, set by a tracing hook: package otelsluice)
 //
 // Letter.EnvelopeHeaders encodes a Letter's headers; Letter.Encode makes
 // the whole letter fit a broker's limits (a message that fit its origin

@@ -40,6 +40,10 @@ const (
 	// fit the broker's header limit and take the first N bytes of the
 	// stored value instead (see Letter.Encode); Decode moves them back.
 	HeaderPackedHeaders = "Sluice-Dlq-Packed-Headers"
+	// HeaderTracePrefix starts the headers that carry Letter.Trace: the
+	// trace context of the processing that dead-lettered the message
+	// ("Sluice-Dlq-Trace-traceparent" for W3C Trace Context).
+	HeaderTracePrefix = "Sluice-Dlq-Trace-"
 )
 
 // Error classes written in HeaderClass.
@@ -89,7 +93,23 @@ type Letter struct {
 	// Version is the sluice version that wrote the letter, as read by
 	// Decode. EnvelopeHeaders always writes the running Version.
 	Version string
+	// Trace is the trace context of the processing that dead-lettered the
+	// message, as a propagator's fields ("traceparent" -> "00-..."): a
+	// tracing hook sets it (package otelsluice), so a replay can link back
+	// to the failure. The producer's own context stays in Headers. Each
+	// field travels as HeaderTracePrefix + name; at most MaxTraceFields
+	// fields whose names and values fit MaxTraceField bytes are written and
+	// read back, the rest are left out. nil when the consumer was not
+	// traced.
+	Trace map[string]string
 }
+
+// Bounds of Letter.Trace (its fields come from headers anyone who can
+// write the dead-letter store chooses).
+const (
+	MaxTraceFields = 8
+	MaxTraceField  = 1024
+)
 
 // Sink stores dead letters. Write returns only after the broker confirmed
 // the letter; an error means it was not stored and the caller must keep the
@@ -148,7 +168,32 @@ func (l *Letter) EnvelopeHeaders() map[string][]string {
 	set(HeaderReplays, strconv.Itoa(max(l.Replays, replayCount(l.Headers))))
 	set(HeaderParkReason, cutString(l.ParkReason, maxErrLen))
 	set(HeaderTruncated, cutString(l.Truncated, maxErrLen))
+	n := 0
+	for k, v := range l.Trace {
+		if n < MaxTraceFields && traceField(k, v) {
+			set(HeaderTracePrefix+k, v)
+			n++
+		}
+	}
 	return h
+}
+
+// traceField reports whether a Letter.Trace field is within bounds: a name
+// of printable ASCII without space or ':', a printable ASCII value, both
+// non-empty and at most MaxTraceField bytes.
+func traceField(k, v string) bool {
+	printable := func(s string, space bool) bool {
+		if s == "" || len(s) > MaxTraceField {
+			return false
+		}
+		for i := 0; i < len(s); i++ {
+			if c := s[i]; c < ' ' || c >= 0x7f || !space && (c == ' ' || c == ':') {
+				return false
+			}
+		}
+		return true
+	}
+	return printable(k, false) && printable(v, true)
 }
 
 // Decode reads a dead letter back from a stored message's key, value and
@@ -170,6 +215,11 @@ func Decode(key, value []byte, headers map[string][]string) (*Letter, error) {
 	for k, v := range headers {
 		if !strings.HasPrefix(k, HeaderPrefix) {
 			l.Headers[k] = v
+		} else if f, ok := strings.CutPrefix(k, HeaderTracePrefix); ok && len(v) > 0 && len(l.Trace) < MaxTraceFields && traceField(f, v[0]) {
+			if l.Trace == nil {
+				l.Trace = make(map[string]string, 2)
+			}
+			l.Trace[f] = v[0]
 		}
 	}
 	if s := get(HeaderPackedHeaders); s != "" {
