@@ -325,6 +325,48 @@ func TestAdaptiveLimitOverloadedAndValidation(t *testing.T) {
 	}
 }
 
+// The default headroom leaves critical work a slot in any pool of two or
+// more: with 2 slots a sheddable route used to take both (10% of 2 rounded
+// down to none).
+func TestSlotsDefaultHeadroomLeavesCriticalASlot(t *testing.T) {
+	for _, c := range []struct {
+		n                int
+		sheddable, sPlus int // most each may hold
+	}{{1, 1, 1}, {2, 1, 1}, {3, 2, 2}, {4, 3, 3}, {10, 7, 9}, {20, 15, 18}} {
+		for _, class := range []Criticality{Sheddable, SheddablePlus} {
+			s, err := NewSlots(c.n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := 0
+			for s.TryAcquire(class) {
+				got++
+			}
+			want := c.sheddable
+			if class == SheddablePlus {
+				want = c.sPlus
+			}
+			if got != want {
+				t.Errorf("%d slots: %v took %d, want %d", c.n, class, got, want)
+			}
+			if got < c.n && !s.TryAcquire(Critical) {
+				t.Errorf("%d slots: critical refused after %v took %d", c.n, class, got)
+			}
+		}
+	}
+	s, _ := NewSlots(10)
+	if err := s.SetHeadroom(Sheddable, 0.01); err != nil {
+		t.Fatal(err)
+	}
+	got := 0
+	for s.TryAcquire(Sheddable) {
+		got++
+	}
+	if got != 9 {
+		t.Errorf("headroom 1%% of 10: sheddable took %d, want 9 (one slot kept)", got)
+	}
+}
+
 func TestSlotsPriorityAndHeadroom(t *testing.T) {
 	s, err := NewSlots(4)
 	if err != nil {

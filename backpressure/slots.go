@@ -3,6 +3,7 @@ package backpressure
 import (
 	"context"
 	"fmt"
+	"math"
 	"sync"
 )
 
@@ -16,8 +17,10 @@ import (
 //   - a class may take a slot only while enough of the pool stays free
 //     for the classes above it (headroom, as for Budget): by default
 //     Sheddable must leave 25% of the slots free and SheddablePlus 10%,
-//     rounded down, so with 4 slots Sheddable uses at most 3 and the other
-//     classes all 4; with 20, Sheddable uses 15 and SheddablePlus 18.
+//     rounded up, so whenever the pool has two slots or more the
+//     sheddable classes always leave critical work at least one: with 2
+//     slots each sheddable class uses 1; with 4, 3; with 20, Sheddable
+//     uses 15 and SheddablePlus 18.
 //
 // A waiter whose ctx ends (for example the message's deadline) leaves the
 // queue with ctx.Err() and the pool unchanged. Release panics when more is
@@ -48,8 +51,11 @@ func NewSlots(n int) (*Slots, error) {
 	return s, nil
 }
 
+// headroomSlots is fraction f of n slots, rounded up (a nonzero share
+// reserves at least one slot) but leaving at least one for the class
+// itself.
 func headroomSlots(n int, f float64) int {
-	h := int(float64(n) * f)
+	h := int(math.Ceil(float64(n) * f))
 	if h >= n {
 		h = n - 1
 	}
@@ -57,7 +63,9 @@ func headroomSlots(n int, f float64) int {
 }
 
 // SetHeadroom sets the fraction (0 to <1) of the pool class c must leave
-// free; it is rounded down but never leaves c without a slot.
+// free; it is rounded up (any nonzero fraction keeps at least one slot
+// free for the classes above, when the pool has two) but never leaves c
+// without a slot.
 func (s *Slots) SetHeadroom(c Criticality, fraction float64) error {
 	if !c.Valid() || fraction < 0 || fraction >= 1 {
 		return fmt.Errorf("%w: slots headroom %v for %v", ErrInvalidOption, fraction, c)
