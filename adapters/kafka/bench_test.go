@@ -332,8 +332,8 @@ func BenchmarkDrainHeap(b *testing.B) {
 				stop()
 				b.ReportMetric(float64(int64(peak.Load())-int64(base))/(1<<20), "heap-growth-MiB")
 				if side.name == "sluice" {
-					w := int64(4 << 20) // drainSluice's window
-					b.ReportMetric(float64(2*w+int64(1<<20))/(1<<20), "window+bound-MiB")
+					w := int64(4 << 20)                                            // drainSluice's window
+					b.ReportMetric(float64(2*w+2<<20)/(1<<20), "window+bound-MiB") // window + prefetch + two responses in transit
 				}
 			}
 		})

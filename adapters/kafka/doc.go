@@ -20,15 +20,16 @@
 //
 // # Memory and fairness
 //
-// One goroutine per generation fetches every assigned partition, with one
-// multi-partition Fetch per leader broker, into one buffer bounded by
+// Two goroutines per generation (one for a single partition) fetch the
+// assigned partitions, half each, with one multi-partition Fetch per
+// leader broker, into one buffer bounded by
 // Config.PrefetchMessages and PrefetchBytes (default: the route window).
 // A fetch is sent only when there is room; of each response the Source
 // keeps only what fits (count and bytes) and drops the rest, fetching it
 // again from its first offset once room frees, so the records it holds
 // never exceed the prefetch, whatever batch sizes the producers use. What
-// is in transit is one response per leader broker, at most FetchMaxBytes
-// or one record batch larger than that (Source.Bound). When the route's
+// is in transit is one response per fetcher and leader broker, at most
+// FetchMaxBytes or one record batch larger than that (Source.Bound). When the route's
 // window is full the buffer stays full and no fetch is sent: slowness
 // becomes consumer lag at the broker, not memory in the process.
 //

@@ -13,15 +13,15 @@ import (
 	fetchAPI "github.com/segmentio/kafka-go/protocol/fetch"
 )
 
-// fetchLoop pulls every partition of one generation with one goroutine:
-// each round it reserves what the buffer has free (up to FetchMaxBytes),
-// sends one multi-partition Fetch per partition leader (partitions in a
-// rotating order, each asking for an equal share), and keeps of the
-// responses only what fits in the prefetch budget (buffer.admit); what
-// did not fit is fetched again from its first offset once room frees.
-func (s *Source) fetchLoop(ctx context.Context, g *generation) {
-	f := &fetcher{s: s, g: g, leaders: map[*partition]int32{}}
-	for _, p := range g.parts {
+// fetchLoop pulls parts, one of a generation's fetch lanes: each round it
+// reserves what the buffer has free (up to FetchMaxBytes), sends one
+// multi-partition Fetch per partition leader (partitions in a rotating
+// order, each asking for an equal share), and keeps of the responses only
+// what fits in the prefetch budget (buffer.admit); what did not fit is
+// fetched again from its first offset once room frees.
+func (s *Source) fetchLoop(ctx context.Context, g *generation, parts []*partition) {
+	f := &fetcher{s: s, g: g, parts: parts, leaders: map[*partition]int32{}}
+	for _, p := range parts {
 		if p.retry && p.offset < 0 {
 			// The retry topic holds only work this group owes (its originals
 			// are committed): never skip any of it, whatever StartOffset says.
@@ -92,6 +92,7 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 type fetcher struct {
 	s       *Source
 	g       *generation
+	parts   []*partition         // the partitions this fetcher owns
 	leaders map[*partition]int32 // from the transport's metadata cache; cleared on errors
 	scratch []*partition
 }
@@ -102,7 +103,7 @@ type fetcher struct {
 func (f *fetcher) ready(ctx context.Context, now time.Time) ([]*partition, time.Time) {
 	out := f.scratch[:0]
 	var wake time.Time
-	for _, p := range f.g.parts {
+	for _, p := range f.parts {
 		if p.hold.After(now) {
 			if wake.IsZero() || p.hold.Before(wake) {
 				wake = p.hold
@@ -161,7 +162,7 @@ func (f *fetcher) fetch(ctx context.Context, parts []*partition, grant int64) []
 
 func (f *fetcher) lookupLeaders(ctx context.Context) {
 	topics := make([]string, 0, 2)
-	for _, p := range f.g.parts {
+	for _, p := range f.parts {
 		if len(topics) == 0 || topics[len(topics)-1] != p.topic {
 			topics = append(topics, p.topic)
 		}
@@ -180,7 +181,7 @@ func (f *fetcher) lookupLeaders(ctx context.Context) {
 		}
 		ids[t.Name] = m
 	}
-	for _, p := range f.g.parts {
+	for _, p := range f.parts {
 		f.leaders[p] = ids[p.topic][p.id]
 	}
 }
@@ -205,8 +206,14 @@ func (f *fetcher) fetchLeader(ctx context.Context, parts []*partition, idx []int
 			PartitionMaxBytes: per,
 		})
 	}
-	fctx, cancel := context.WithTimeout(ctx, s.cfg.FetchMaxWait+15*time.Second)
+	// The request outlives ctx by up to FetchMaxWait + 1 s: when the
+	// generation ends or the Source closes, the response in flight (a long
+	// poll) is awaited rather than abandoned, so its connection is free
+	// (and closed with the rest) by the time Close returns.
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.FetchMaxWait+15*time.Second)
 	defer cancel()
+	stop := context.AfterFunc(ctx, func() { time.AfterFunc(s.cfg.FetchMaxWait+time.Second, cancel) })
+	defer stop()
 	s.stats.fetchRequests.Add(1)
 	m, err := s.client.Transport.RoundTrip(fctx, s.client.Addr, req)
 	if err == nil {

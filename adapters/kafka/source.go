@@ -58,6 +58,10 @@ type generation struct {
 	cancel context.CancelFunc
 }
 
+// fetchLanes is how many fetchers a generation runs (at most one per
+// partition).
+const fetchLanes = 2
+
 type partition struct {
 	gen   *generation
 	topic string
@@ -249,8 +253,9 @@ func (s *Source) Assigned() map[string][]int {
 
 // Bound returns the most bytes the Source has outside the route window:
 // the records it holds, never more than PrefetchBytes (and never more than
-// PrefetchMessages records), plus what is in transit, one fetch response
-// per partition leader broker, each at most FetchMaxBytes or, when a
+// PrefetchMessages records), plus what is in transit: a generation runs
+// two fetchers (one for a single partition), each with one fetch response
+// per partition leader broker in flight, at most FetchMaxBytes or, when a
 // producer wrote a record batch larger than that, the largest batch
 // (brokers return a whole first batch even when it is larger than asked).
 // Of a response only what fits in the prefetch is kept; the rest is
@@ -262,7 +267,7 @@ func (s *Source) Assigned() map[string][]int {
 // records past the prefetch, by at most what the route window held (they
 // came out of it); fetches then wait until the buffer drains.
 func (s *Source) Bound(maxBatch int64, brokers int) int64 {
-	return s.cfg.PrefetchBytes + int64(max(brokers, 1))*max(int64(s.cfg.FetchMaxBytes), maxBatch)
+	return s.cfg.PrefetchBytes + fetchLanes*int64(max(brokers, 1))*max(int64(s.cfg.FetchMaxBytes), maxBatch)
 }
 
 func (s *Source) run() {
@@ -322,11 +327,19 @@ func (s *Source) start(g *kafka.Generation) {
 		old.ending.Store(true)
 	}
 	s.once.Do(func() { close(s.ready) })
-	if len(gen.parts) > 0 {
-		// The fetcher runs on gen.ctx, a plain cancel context the commit
-		// loop cancels when the generation ends: a context derived from
-		// kafka-go's generation context costs a goroutine per request.
-		s.goGen(g, func(context.Context) { s.fetchLoop(gen.ctx, gen) })
+	// Two fetchers, each with half the partitions, so one's round trip
+	// overlaps the other's hand-out (one fetcher alone is bound by round
+	// trips on a real broker); a single partition gets one. They run on
+	// gen.ctx, a plain cancel context the commit loop cancels when the
+	// generation ends: a context derived from kafka-go's generation context
+	// costs a goroutine per request.
+	lanes := min(fetchLanes, len(gen.parts))
+	for lane := range lanes {
+		var parts []*partition
+		for i := lane; i < len(gen.parts); i += lanes {
+			parts = append(parts, gen.parts[i])
+		}
+		s.goGen(g, func(context.Context) { s.fetchLoop(gen.ctx, gen, parts) })
 	}
 	s.goGen(g, func(ctx context.Context) {
 		s.commitLoop(ctx, gen)
