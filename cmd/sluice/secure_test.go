@@ -382,3 +382,34 @@ func TestSecretsNeverPrinted(t *testing.T) {
 		t.Fatalf("selected context: %d %q %q", code, out, errOut)
 	}
 }
+
+// TestNATSConnectionOptions: --tlsfirst against a server that wants the
+// TLS handshake first, --js-domain, --js-api-prefix and --inbox-prefix.
+func TestNATSConnectionOptions(t *testing.T) {
+	f := makeTLS(t)
+	cfg, err := server.GenTLSConfig(&server.TLSConfigOpts{CertFile: f.serverCert, KeyFile: f.serverKey, CaFile: f.ca})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := startServer(t, &server.Options{TLS: true, TLSConfig: cfg, TLSTimeout: 5, TLSHandshakeFirst: true, JetStreamDomain: "hub"})
+	url := "tls://" + strings.TrimPrefix(strings.TrimPrefix(s.ClientURL(), "nats://"), "tls://")
+	sn := &secureNATS{url: url, admin: []nats.Option{nats.RootCAs(f.ca), nats.TLSHandshakeFirst()}}
+	sn.seed(t)
+	base := []string{"--server", url, "--tlsca", f.ca}
+	out, errOut, code := run(t, append([]string{"dlq", "ls", "--tlsfirst", "--js-domain", "hub", "--inbox-prefix", "_INBOX_ops"}, base...)...)
+	if code != 0 || !strings.Contains(out, "5 letters") {
+		t.Fatalf("--tlsfirst --js-domain: %d %q %q", code, out, errOut)
+	}
+	out, errOut, code = run(t, append([]string{"dlq", "ls", "--tlsfirst", "--js-api-prefix", "$JS.hub.API"}, base...)...)
+	if code != 0 || !strings.Contains(out, "5 letters") {
+		t.Fatalf("--js-api-prefix: %d %q %q", code, out, errOut)
+	}
+	_, errOut, code = run(t, append([]string{"dlq", "ls", "--timeout", "1s"}, base...)...)
+	if code != exitError || !strings.Contains(errOut, "cannot connect to NATS") {
+		t.Fatalf("without --tlsfirst: %d %q", code, errOut)
+	}
+	_, errOut, code = run(t, append([]string{"dlq", "ls", "--tlsfirst", "--js-domain", "nowhere", "--timeout", "1s"}, base...)...)
+	if code != exitError || !strings.Contains(errOut, "--js-domain") {
+		t.Fatalf("wrong domain: %d %q", code, errOut)
+	}
+}
