@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"io"
 	"regexp"
 	"slices"
@@ -24,8 +25,18 @@ func (r *redactor) add(secrets ...string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, s := range secrets {
-		if len(s) >= 3 && !slices.Contains(r.secrets, s) {
-			r.secrets = append(r.secrets, s)
+		if len(s) < 3 {
+			continue
+		}
+		// As printed, and as JSON output escapes it.
+		forms := []string{s}
+		if j, err := json.Marshal(s); err == nil {
+			forms = append(forms, string(j[1:len(j)-1]))
+		}
+		for _, f := range forms {
+			if !slices.Contains(r.secrets, f) {
+				r.secrets = append(r.secrets, f)
+			}
 		}
 	}
 	// Longest first, so a secret containing another is removed whole.
