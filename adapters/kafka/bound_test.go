@@ -79,8 +79,17 @@ func produceBatched(t testing.TB, topic string, partition int, keys, values []st
 // fits), and it serves the partitions fairly: within the first 100
 // messages handled, every partition appears at least 20 times. Before,
 // it held ~2,000 records and served one partition at a time.
+//
+// With 4 partitions the Source runs two fetchers (two partitions each):
+// every partition gets at least 15 of the first 100.
 func TestBoundAndFairness(t *testing.T) {
-	const parts, perPart = 3, 1000
+	for _, parts := range []int{3, 4} {
+		t.Run(fmt.Sprintf("partitions=%d", parts), func(t *testing.T) { boundAndFairness(t, parts, 60/parts) })
+	}
+}
+
+func boundAndFairness(t *testing.T, parts, minShare int) {
+	const perPart = 1000
 	topic := cluster.Topic(t, "fair", parts)
 	group := kafkatest.UniqueName("fair")
 	var producer string
@@ -114,8 +123,8 @@ func TestBoundAndFairness(t *testing.T) {
 	t.Logf("%s, %s producer: first 100 by partition %v; held at peak %d records / %d bytes; fetched %d for %d handled",
 		cluster.Kind(), producer, counts, st.PeakBuffered, st.PeakBytes, st.Fetched, len(order))
 	for p, c := range counts {
-		if c < 20 {
-			t.Errorf("partition %d: %d of the first 100 handled, want >= 20", p, c)
+		if c < minShare {
+			t.Errorf("partition %d: %d of the first 100 handled, want >= %d", p, c, minShare)
 		}
 	}
 	if st.PeakBuffered > window.Messages || st.PeakBytes > window.Bytes {

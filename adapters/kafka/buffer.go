@@ -27,6 +27,7 @@ type buffer struct {
 	peak     int64
 	peakN    int
 	avg      int64 // average size of the records admitted
+	shares   int   // partitions sharing the message slots (1: no cap)
 
 	wake  chan struct{} // cap 1: something became ready
 	space chan struct{} // closed (and replaced) when room frees
@@ -98,7 +99,8 @@ const recordOverhead = 16
 // (one list per partition, in offset order), what fits in the budget now:
 // taken round robin across the lists, a record at a time, so a partition
 // with a large batch does not crowd the others out. It returns how many of
-// each list it kept; the caller drops the rest and fetches it again from
+// each list it kept, no more than a partition's share of the slots
+// (setShares); the caller drops the rest and fetches it again from
 // the first offset not kept. When nothing is held, the first record is
 // kept even if it alone is larger than the budget, so a large record still
 // makes progress. Call publish with the kept records.
@@ -128,6 +130,9 @@ func (b *buffer) admit(grant int64, lists [][]*record) []int {
 				continue
 			}
 			r := l[kept[i]]
+			if b.shares > 1 && len(r.part.queue)-r.part.qhead+kept[i] >= (b.maxCount+b.shares-1)/b.shares {
+				continue // its share of the slots is taken: the others' turn
+			}
 			fits := b.count < b.maxCount && b.bytes+b.reserved+r.size <= b.maxBytes
 			if !fits && !(b.count == 0 && b.reserved == 0) {
 				return kept
@@ -146,6 +151,15 @@ func (b *buffer) force(grant int64, r *record) {
 	b.reserved -= grant
 	b.chargeLocked(r)
 	b.freed()
+	b.mu.Unlock()
+}
+
+// setShares says how many partitions share the message slots: admit keeps
+// at most a share of them for one partition, so partitions fetched by
+// different fetchers, or with larger batches, do not crowd the others out.
+func (b *buffer) setShares(n int) {
+	b.mu.Lock()
+	b.shares = n
 	b.mu.Unlock()
 }
 

@@ -20,8 +20,8 @@
 //
 // # Memory and fairness
 //
-// Two goroutines per generation (one for a single partition) fetch the
-// assigned partitions, half each, with one multi-partition Fetch per
+// Two goroutines per generation fetch the assigned partitions, half each
+// (one fetches them all when their number is odd), with one multi-partition Fetch per
 // leader broker, into one buffer bounded by
 // Config.PrefetchMessages and PrefetchBytes (default: the route window).
 // A fetch is sent only when there is room; of each response the Source

@@ -254,7 +254,7 @@ func (s *Source) Assigned() map[string][]int {
 // Bound returns the most bytes the Source has outside the route window:
 // the records it holds, never more than PrefetchBytes (and never more than
 // PrefetchMessages records), plus what is in transit: a generation runs
-// two fetchers (one for a single partition), each with one fetch response
+// two fetchers (one for an odd number of partitions), each with one fetch response
 // per partition leader broker in flight, at most FetchMaxBytes or, when a
 // producer wrote a record batch larger than that, the largest batch
 // (brokers return a whole first batch even when it is larger than asked).
@@ -329,11 +329,18 @@ func (s *Source) start(g *kafka.Generation) {
 	s.once.Do(func() { close(s.ready) })
 	// Two fetchers, each with half the partitions, so one's round trip
 	// overlaps the other's hand-out (one fetcher alone is bound by round
-	// trips on a real broker); a single partition gets one. They run on
+	// trips on a real broker), when the partitions split evenly; else one. They run on
 	// gen.ctx, a plain cancel context the commit loop cancels when the
 	// generation ends: a context derived from kafka-go's generation context
 	// costs a goroutine per request.
-	lanes := min(fetchLanes, len(gen.parts))
+	s.buf.setShares(len(gen.parts))
+	lanes := 1
+	if n := len(gen.parts); n >= fetchLanes && n%fetchLanes == 0 {
+		// Lanes of unequal size would serve the smaller one's partitions
+		// more often (each partition is the first of its lane's requests,
+		// the one a broker lets exceed its share, in turn).
+		lanes = fetchLanes
+	}
 	for lane := range lanes {
 		var parts []*partition
 		for i := lane; i < len(gen.parts); i += lanes {
