@@ -212,3 +212,41 @@ func TestQueuedMessagesExpireWithoutAWorker(t *testing.T) {
 		}
 	})
 }
+
+// A message settled as expired frees its window capacity when the
+// settlement is sent, not when the broker confirms it: a route draining a
+// stale backlog is not paced by confirmations. It stays held until then.
+func TestDroppedMessagesFreeTheWindowBeforeConfirmation(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		src := sluicetest.NewSource()
+		src.Confirm = sluicetest.ConfirmManual
+		c, err := consumer.New(consumer.Options{}, consumer.Route{Name: "r", Source: src, Workers: 1,
+			Handler: func(context.Context, *consumer.Message) error { return nil },
+			Window:  consumer.WindowPolicy{Messages: 4}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		past := consumer.Headers{expiry.DefaultHeader: {expiry.FormatDeadline(time.Now().Add(-time.Second))}}
+		for i := range 10 {
+			src.Publish(fmt.Sprint(i), nil, past, time.Now())
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		errc := make(chan error, 1)
+		go func() { errc <- c.Run(ctx) }()
+		synctest.Wait()
+		s := c.Stats()[0]
+		if s.Fetched != 10 || s.Window.InUse != 0 || s.Held != 10 || src.Awaiting() != 10 {
+			t.Errorf("unconfirmed: fetched %d, window %d in use, held %d, %d awaiting confirmation; want 10, 0, 10, 10",
+				s.Fetched, s.Window.InUse, s.Held, src.Awaiting())
+		}
+		src.ConfirmPending(nil)
+		synctest.Wait()
+		if s := c.Stats()[0]; s.Held != 0 || s.Settled[consumer.OutcomeExpired] != 10 {
+			t.Errorf("confirmed: held %d, expired %d", s.Held, s.Settled[consumer.OutcomeExpired])
+		}
+		cancel()
+		if err := <-errc; err != nil {
+			t.Fatal(err)
+		}
+	})
+}

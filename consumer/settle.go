@@ -12,7 +12,9 @@ import (
 //	                   └── Confirm before Settle returned ──► confirmed ──► done
 //
 // and only complete, reached once per message, counts its outcome, removes
-// it from the held set and returns its window capacity. Whoever claims a
+// it from the held set and returns its window capacity (releaseWindow: a
+// message dropped without running, expired or shed, returns it earlier,
+// when its settlement is sent; releaseWindow does it once). Whoever claims a
 // message (a worker with its handler's result, the fetch loop expiring it,
 // shutdown returning it) is the only party that settles it; a party that
 // loses the claim does nothing. So "a message settles exactly once and its
@@ -74,6 +76,14 @@ func (r *route) perform(m *Message, v verdict) {
 	err := m.acker.Settle(r.settleCtx, v.op)
 	if errors.Is(err, ErrPending) {
 		if m.state.CompareAndSwap(int32(stateClaimed), int32(statePending)) {
+			if v.outcome == OutcomeExpired || v.outcome == OutcomeShed {
+				// A message dropped instead of run gives its window
+				// capacity back as soon as its settlement is sent, so a
+				// route draining a stale backlog is not paced by the
+				// broker's confirmations; it stays held (and counted in
+				// flight) until Confirm.
+				r.releaseWindow(m)
+			}
 			return // Confirm completes it
 		}
 		// Confirm came first (stateConfirmed) and left its result.
@@ -123,10 +133,16 @@ func (r *route) complete(m *Message, settleErr error) {
 		r.c.late.Add(1)
 	}
 	r.held.remove(m)
-	if b := m.charged.Load(); b >= 0 {
+	r.releaseWindow(m)
+	r.c.settled[o].Add(1)
+}
+
+// releaseWindow returns m's window capacity, once: whoever swaps charged
+// from a charge to -1 releases it.
+func (r *route) releaseWindow(m *Message) {
+	if b := m.charged.Swap(-1); b >= 0 {
 		r.window.Release(1, b)
 	}
-	r.c.settled[o].Add(1)
 }
 
 // abandonUnconfirmed completes every message of r still awaiting a
