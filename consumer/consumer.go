@@ -44,7 +44,11 @@ type route struct {
 	expiryOn  bool
 	header    string
 	// pred is the route's predictive expiry, nil when it has no deadlines.
-	pred     *predictor
+	pred *predictor
+	// pressure is what PressureFrom tells the route's handlers; slack
+	// feeds it.
+	pressure *backpressure.PressureGauge
+	slack    slack
 	stopping atomic.Bool
 	log      errorLog
 	hooked   // Options.Hook for this route
@@ -138,6 +142,7 @@ func newRoute(cfg Route, clock Clock, opts Options) (*route, error) {
 	if r.expiryOn {
 		r.pred = newPredictor(cfg.Workers)
 	}
+	r.pressure, _ = backpressure.NewPressureGauge(backpressure.PressureOptions{}, r.pressureSignals)
 	r.log.init(cfg.Name, opts.Logger, opts.LogInterval)
 	info, err := cfg.Source.Attach(RouteLimits{
 		Route: cfg.Name, Messages: cfg.Window.Messages, Bytes: cfg.Window.Bytes,
@@ -231,6 +236,7 @@ func (r *route) stats() RouteStats {
 	}
 	o.ThrottleRefused = r.c.throttled.Load()
 	o.ExpiredEarly = r.c.expiredEarly.Load()
+	o.Pressure = r.pressure.Load()
 	if r.pred != nil {
 		o.HandlerMean, o.HandlerP99, _ = r.pred.lat.estimate()
 	}
@@ -281,7 +287,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	for i, r := range c.routes {
 		r.handlerCtx, r.settleCtx = handlerCtx, settleCtx
 		for c := range r.classCtx {
-			r.classCtx[c] = backpressure.WithCriticality(handlerCtx, backpressure.Criticality(c))
+			r.classCtx[c] = backpressure.WithPressure(backpressure.WithCriticality(handlerCtx, backpressure.Criticality(c)), r.pressure)
 		}
 		fetchers.Add(1)
 		go func() {

@@ -158,6 +158,7 @@ func (r *route) admit(ctx context.Context, msgs []*Message) {
 				continue
 			}
 			if r.pred != nil && !m.deadline.IsZero() {
+				r.slack.observe(m.deadline.Sub(now))
 				if !planned {
 					planned, pl = true, r.pred.plan(now)
 					if r.cfg.Overload.Queue.Order == QueueFIFO {

@@ -179,6 +179,9 @@ type OverloadStats struct {
 	// queue or when a worker picked them, because the route predicted they
 	// would finish after it (predictive expiry).
 	ExpiredEarly uint64
+	// Pressure is what backpressure.PressureFrom tells the route's
+	// handlers: how pressed the route is, and why.
+	Pressure backpressure.Pressure
 	// HandlerMean and HandlerP99 are the handler latency the route has
 	// learned from its recent runs on messages with a deadline, which
 	// predictive expiry uses; 0 before the first such run.

@@ -94,9 +94,10 @@ type collector struct {
 	settleErrors, fetchErrors, dlqErrors, lastError, keepAlives, held,
 	inUseMsgs, limitMsgs, inUseBytes, limitBytes, peakMsgs, peakBytes,
 	blocked, budgetBlocked, oldest *prometheus.Desc
-	shed, budgetOut, throttleP, throttled, adaptive *prometheus.Desc
-	outcomes                                        []consumer.Outcome
-	reasons                                         []consumer.ShedReason
+	shed, budgetOut, throttleP, throttled, adaptive   *prometheus.Desc
+	expiredEarly, pressure, pressureCause, handlerP99 *prometheus.Desc
+	outcomes                                          []consumer.Outcome
+	reasons                                           []consumer.ShedReason
 }
 
 func newCollector(cl prometheus.Labels) *collector {
@@ -133,6 +134,10 @@ func newCollector(cl prometheus.Labels) *collector {
 		throttleP:     d("throttle_probability", "Local reject probability of the route's adaptive throttle."),
 		throttled:     d("throttle_refused_total", "Window slots the route's throttle kept the pull from filling."),
 		adaptive:      d("adaptive_limit", "Message limit in force set by the route's adaptive concurrency limit."),
+		expiredEarly:  d("expired_early_total", "Messages settled as expired before their deadline because they were predicted to finish after it (predictive expiry); also in settled_total{outcome=\"expired\"}."),
+		pressure:      d("pressure_level", "How pressed the route is, as backpressure.PressureFrom tells its handlers: 0 normal, 1 elevated, 2 high."),
+		pressureCause: d("pressure_cause", "1 for each cause of the route's pressure level now, else 0.", "cause"),
+		handlerP99:    d("handler_p99_seconds", "The 99th percentile of handler latency the route has learned from its recent runs on messages with a deadline (what predictive expiry uses); 0 before the first."),
 		outcomes:      consumer.Outcomes(),
 		reasons:       consumer.ShedReasons(),
 	}
@@ -148,7 +153,7 @@ func (c *collector) descs() []*prometheus.Desc {
 	return []*prometheus.Desc{c.fetched, c.settled, c.goodput, c.late, c.handlerErrors, c.panics,
 		c.malformed, c.badCrit, c.settleErrors, c.fetchErrors, c.dlqErrors, c.lastError, c.keepAlives, c.held,
 		c.inUseMsgs, c.limitMsgs, c.inUseBytes, c.limitBytes, c.peakMsgs, c.peakBytes, c.blocked, c.budgetBlocked, c.oldest,
-		c.shed, c.budgetOut, c.throttleP, c.throttled, c.adaptive}
+		c.shed, c.budgetOut, c.throttleP, c.throttled, c.adaptive, c.expiredEarly, c.pressure, c.pressureCause, c.handlerP99}
 }
 
 // Describe implements prometheus.Collector.
@@ -212,5 +217,15 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		if w.Adaptive {
 			gauge(c.adaptive, float64(w.Limit))
 		}
+		cnt(c.expiredEarly, float64(o.ExpiredEarly))
+		gauge(c.pressure, float64(o.Pressure.Level))
+		for _, cause := range backpressure.PressureCauses() {
+			var v float64
+			if o.Pressure.Causes&cause != 0 {
+				v = 1
+			}
+			ch <- prometheus.MustNewConstMetric(c.pressureCause, prometheus.GaugeValue, v, r.name, r.crit, cause.String())
+		}
+		gauge(c.handlerP99, o.HandlerP99.Seconds())
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"time"
+
+	"github.com/sluice-go/sluice/backpressure"
 )
 
 // degradeConfig is -mode degrade (issue 11, section 2): a handler with a
@@ -47,21 +49,16 @@ func (c *config) parseDegradeFlags(set map[string]bool) error {
 	return nil
 }
 
-// sluicePressed reports whether a sluice route's handler should take its
-// degraded path; nil until the core says how pressed a route is.
-var sluicePressed func(ctx context.Context) bool
-
 // pressed reports whether the consumer running a handler with ctx is
 // pressed enough to take the degraded path: the plain bounded queue's
-// handler looks at its queue, a sluice handler at its route's pressure.
+// handler looks at its queue, a sluice handler asks its route
+// (backpressure.PressureFrom: elevated or high). The unprotected consumer
+// has no signal and never degrades.
 func pressed(ctx context.Context, fill float64) bool {
 	if f, ok := queueFill(ctx); ok {
 		return f >= fill
 	}
-	if sluicePressed != nil {
-		return sluicePressed(ctx)
-	}
-	return false
+	return backpressure.PressureFrom(ctx).Level >= backpressure.PressureElevated
 }
 
 // degradeWork takes the cheap path when pressed, the full one otherwise.
