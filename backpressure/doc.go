@@ -40,6 +40,11 @@
 //     recovers.
 //   - AdaptiveLimit is an AIMD concurrency limit driven by latency and
 //     errors, with bounds and hysteresis; Window.SetLimit applies it.
+//   - PressureFrom tells a handler how pressed its route is (normal,
+//     elevated, high) and why, so it can serve a cheaper answer rather
+//     than none (degraded mode); a PressureGauge derives the level from a
+//     route's window saturation, queue wait against deadline slack, drop
+//     rate and throttle, with hysteresis.
 //
 // Recovery is gradual by construction: AdaptiveLimit grows by Increase per
 // interval (and waits Cooldown intervals after a cut: give low-criticality

@@ -129,3 +129,27 @@ func ExampleWithCriticality() {
 	// Output:
 	// SHEDDABLE_PLUS Sluice-Criticality: SHEDDABLE_PLUS
 }
+
+// A handler with a cheaper answer serves it while its route is pressed.
+// The consumer puts the route's gauge on every handler ctx; here a gauge
+// reads fixed signals: a full window and drops since the last look.
+func ExamplePressureFrom() {
+	signals := backpressure.PressureSignals{Limit: 8}
+	g, _ := backpressure.NewPressureGauge(backpressure.PressureOptions{}, func() backpressure.PressureSignals { return signals })
+	ctx := backpressure.WithPressure(context.Background(), g)
+	answer := func(ctx context.Context) string {
+		if backpressure.PressureFrom(ctx).Level >= backpressure.PressureElevated {
+			return "cached answer"
+		}
+		return "full answer"
+	}
+	t0 := time.Now()
+	fmt.Println(answer(ctx), g.LoadAt(t0))
+	signals = backpressure.PressureSignals{InUse: 8, Limit: 8, Fetched: 100, Dropped: 20}
+	fmt.Println(g.LoadAt(t0.Add(time.Second)))
+	fmt.Println(answer(ctx))
+	// Output:
+	// full answer normal
+	// high (saturated,dropping)
+	// cached answer
+}
