@@ -9,60 +9,96 @@
 //
 // # Pulls sized by the window
 //
-// Each pull request asks for exactly what the route's window has free, by
-// count and by bytes, with no_wait and an expiry (PollWait): the server
-// answers as soon as it has a message and ends the request when it has no
-// more, so a small batch is handed over at once and an idle route waits at
-// most PollWait per request. Deliveries are handed to the route as they
-// arrive. At most one request is open, and it was sized from capacity that
-// stays free until its messages arrive, so the client holds nothing the
-// window does not cover: no prefetch buffer, nothing waiting locally past
-// AckWait. NewSourceFor sets MaxAckPending to at least the window. On
-// shutdown, what already arrived is handed back (nak'd at once); a delivery
-// the server sends for the open pull after the route stopped reading is
-// redelivered after AckWait.
+// The route states its window once (consumer.Route.Window); the Source
+// learns it in Attach. Each pull request asks for exactly what the window
+// has free, by count and by bytes, with no_wait and an expiry (PollWait):
+// the server answers as soon as it has a message and ends the request when
+// it has no more, so a small batch is handed over at once and an idle
+// route waits at most PollWait per request. Deliveries are handed to the
+// route as they arrive. At most one request is open, and it was sized from
+// capacity that stays free until its messages arrive, so the client holds
+// nothing the window does not cover: no prefetch buffer, nothing waiting
+// locally past AckWait. The replies arrive on a channel of 2×window+8
+// slots (nats.go's SubscribeSync would allocate 65,536, 512 KiB, per
+// route), so an idle route costs about 10 KiB and, with one worker, four
+// goroutines (three of the route's, one for the Source's settlement
+// answers). On shutdown, what already arrived is handed back (nak'd at
+// once); a delivery the server sends for the open pull after the route
+// stopped reading is redelivered after AckWait.
+//
+// # MaxAckPending and delayed naks
+//
+// JetStream keeps a message nak'd with a delay ack-pending until it is
+// redelivered, so delayed work (retry backoff, shed messages nak'd with
+// ShedDelay, failed dead-letter writes) takes MaxAckPending slots the
+// route's window does not see. With MaxAckPending equal to the window, 64
+// poison messages cycling through backoff while the dead-letter stream was
+// down stopped all other delivery. NewSourceFor with MaxAckPending 0 (the
+// default) therefore sizes it itself: the window plus a reserve of
+// max(window, 256), and raises it on the server (never lowers it) when
+// delayed naks take half of the reserve, up to 65,536 above the window.
+// SourceStats.DelayedNaks and MaxAckPending show where it stands. A
+// MaxAckPending you set (or one on a consumer you wrap with NewSource) is
+// kept; Attach refuses one below the window, and it should leave room for
+// the delayed naks the route produces.
 //
 // # Settlement
 //
 // Settlements (Ack, Nak with a delay, Term with a reason) are
-// server-confirmed by default: each is sent with a reply subject on the
-// Source's own inbox, and a delivery is settled only when the server's
-// answer arrives; at-least-once processing wants to know the settlement
-// landed (a lost plain ack becomes a redelivery after AckWait, a duplicate
-// nobody saw coming). Workers hand settlements to one writer per Source,
-// which publishes everything queued back to back, so many settlements share
-// one write whatever the number of workers. An answer that does not come
-// (its connection dropped, the server restarted) is handled: Ack and Term
-// are re-sent at once after a reconnect, or after AckTimeout (both are
-// idempotent on the server), at most twice; a Nak is not re-sent (the
-// broker redelivers a message whose nak was lost anyway). A settlement
-// still unanswered completes with ErrAckUnconfirmed: it is never counted
-// settled on a guess. SourceOptions.AckAsync sends plain acks instead.
-// Retries are NakWithDelay with the route's jittered backoff; dead letters
-// are written to the DLQ stream and only then is the original terminated
-// (+TERM with the reason); long handlers are kept alive with InProgress at a
-// third of AckWait. The delivery attempt comes from the delivery's metadata
-// (NumDelivered), so it survives process restarts. Keep the consumer's
-// MaxDeliver unlimited (-1) or above the route's Retry.MaxAttempts, so the
-// last attempt is dead-lettered before the server gives up on it.
+// server-confirmed and pipelined by default: each is sent with a reply
+// subject on the Source's own inbox, Settle returns consumer.ErrPending at
+// once (no worker and no fetch loop waits for a round trip), and the
+// server's answer reaches the route through consumer.Confirm; until then
+// the message keeps its window slot. At-least-once processing wants to
+// know the settlement landed (a lost plain ack becomes a redelivery after
+// AckWait, a duplicate nobody saw coming). Workers hand settlements to one
+// writer per Source, which yields once and then publishes everything
+// queued back to back, so many settlements share one write syscall
+// whatever the number of workers (0.02-0.03 writes per message at 1 to 64
+// workers). An answer that does not come (its connection dropped, the
+// server restarted) is handled: Ack and Term are re-sent at once after a
+// reconnect, or after AckTimeout (both are idempotent on the server), at
+// most twice; a Nak is not re-sent (the broker redelivers a message whose
+// nak was lost anyway). A settlement still unanswered completes with
+// ErrAckUnconfirmed: it is never counted confirmed on a guess, and the
+// route counts it as a settle error. SourceOptions.AckAsync sends plain
+// acks instead (Settle returns nil once the settlement is queued).
+//
+// Retries are naks with the route's jittered backoff; dead letters are
+// written to the DLQ stream and only then is the original terminated
+// (+TERM with the reason); long handlers are kept alive with InProgress at
+// a third of AckWait. The delivery attempt comes from the delivery's
+// metadata (NumDelivered), so it survives process restarts. Keep the
+// consumer's MaxDeliver unlimited (-1) or above the route's
+// Retry.MaxAttempts (Attach reports it; the route refuses more attempts
+// than the server will deliver).
+//
+// # Message key
+//
+// Message.Key, the key a keyed route orders by, is the subject by default;
+// SourceOptions.KeyHeader names a header to use instead (a message without
+// it keeps its subject). Before 1.0 the key was the Nats-Msg-Id header,
+// which is unique per message and so orders nothing.
 //
 // # Faults
 //
 // A delivery that is not a pull status (it carries a JetStream ack
 // subject) reaches the route even when it has an empty payload and a
-// header named Status. When the consumer is deleted on the server while
-// the route runs, a Source made by NewSourceFor recreates it, delivering
-// again from the last ack floor it read (at most a second or 1,024
-// deliveries old: duplicates, never a gap) and reports ErrConsumerDeleted
-// once as a fetch error; a Source over a consumer the user created stops
-// the route with ErrConsumerDeleted (wrapping consumer.ErrClosed).
+// header named Status (SourceStats.StatusHeaderDeliveries counts them).
+// When the consumer is deleted on the server while the route runs, a
+// Source made by NewSourceFor recreates it, delivering again from the last
+// ack floor it read (at most a second or 1,024 deliveries old: duplicates,
+// never a gap) and reports ErrConsumerDeleted once as a fetch error; a
+// Source over a consumer the user created stops the route with
+// ErrConsumerDeleted (wrapping consumer.ErrClosed).
 //
 // # Dead letters
 //
 // DeadLetterSink publishes one message per letter to a stream (default
 // SLUICE_DLQ, subjects sluice.dlq.<route>, file storage, limits retention)
-// with the original payload and headers plus the dlq envelope headers, and
-// Nats-Msg-Id <stream>:<sequence>:<attempts>, so a retried write is
-// deduplicated by the server. The producer's own Nats-Msg-Id is kept in
+// with the original payload and headers plus the dlq envelope headers. The
+// letter's Nats-Msg-Id (DedupID) is the same for every retry of one
+// message's letter, so a write the stream stored but whose PubAck was lost
+// is not stored twice. The producer's own Nats-Msg-Id is kept in
 // Sluice-Dlq-Original-Msg-Id.
 package natsadapter
