@@ -2,7 +2,10 @@ package dlq_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"math"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -87,4 +90,51 @@ func ExampleParseFilter() {
 	// Output:
 	// true 10:00AM
 	// sluice: invalid option: bad filter: unknown key "colour" (keys: class, origin, route, since, until)
+}
+
+// Where a replay may publish is the operator's choice: here each letter
+// goes to its route's retry subject, and a letter naming the JetStream API
+// as its origin changes nothing. Without Allow, Destination or Topic a
+// replay moves nothing and names what the letters ask for.
+func ExampleReplayOptions_destination() {
+	letters := []*dlq.Letter{
+		{Value: []byte("a"), Route: "orders", Class: dlq.ClassPermanent, Origin: dlq.Origin{Topic: "orders.new", Partition: -1}},
+		{Value: []byte("b"), Route: "orders", Class: dlq.ClassPermanent, Origin: dlq.Origin{Topic: "$JS.API.STREAM.PURGE.ORDERS", Partition: -1}},
+		{Value: []byte("c"), Route: "", Class: dlq.ClassPermanent},
+	}
+	src := func() dlq.Source {
+		queue := slices.Clone(letters)
+		return dlq.SourceFunc(func(ctx context.Context, n int) ([]*dlq.Pending, error) {
+			if len(queue) == 0 {
+				return nil, dlq.ErrDrained
+			}
+			var out []*dlq.Pending
+			for i, l := range queue[:min(n, len(queue))] {
+				out = append(out, &dlq.Pending{Letter: l, Pos: fmt.Sprint("dlq#", i)})
+			}
+			queue = queue[len(out):]
+			return out, nil
+		})
+	}
+	dst := dlq.TargetFunc(func(ctx context.Context, m *dlq.Outgoing) error {
+		fmt.Printf("%s → %s\n", m.Value, m.Topic)
+		return nil
+	})
+	r, _ := dlq.NewReplayer(dlq.ReplayOptions{Rate: math.Inf(1), Concurrency: 1, Destination: func(l *dlq.Letter) (string, error) {
+		if l.Route == "" {
+			return "", errors.New("no route to retry")
+		}
+		return l.Route + ".retry", nil
+	}})
+	rep, _ := r.Run(context.Background(), src(), dst)
+	fmt.Println("replayed", rep.Replayed, "refused", rep.Refused)
+
+	none, _ := dlq.NewReplayer(dlq.ReplayOptions{Rate: math.Inf(1)})
+	_, err := none.Run(context.Background(), src(), dst)
+	fmt.Println(err)
+	// Output:
+	// a → orders.retry
+	// b → orders.retry
+	// replayed 2 refused 1
+	// sluice: replay needs the destinations it may publish to (an allow-list, or one destination for all): nothing was moved; the letters ask for (none) (1), $JS.API.STREAM.PURGE.ORDERS (1), orders.new (1)
 }
