@@ -10,6 +10,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/sluice-go/sluice/backpressure"
 	"github.com/sluice-go/sluice/consumer"
 	"github.com/sluice-go/sluice/expiry"
 	"github.com/sluice-go/sluice/sluicetest"
@@ -211,4 +212,51 @@ func TestHookTypedNil(t *testing.T) {
 	if !errors.Is(err, consumer.ErrInvalidOption) {
 		t.Fatalf("typed nil Hook: %v", err)
 	}
+}
+
+// The hook hears how long the Throttle held the pull back before the
+// fetch: here it refuses the first two draws, each followed by a
+// ThrottleWait pause.
+func TestHookThrottleWait(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		draws := 0
+		th, err := backpressure.NewThrottle(backpressure.ThrottleOptions{K: 1, Rand: func() float64 {
+			draws++
+			if draws <= 2 {
+				return 0 // under any reject probability: refused
+			}
+			return 0.999999
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		th.CountAt(time.Now(), 1000, 0, 0) // 1000 requests, none accepted: p ≈ 0.999
+		src := sluicetest.NewSource()
+		src.Publish("a", nil, nil, time.Time{})
+		hook := &recordHook{}
+		c, err := consumer.New(consumer.Options{Hook: hook}, consumer.Route{
+			Name: "throttled", Source: src, Workers: 1,
+			Handler:  func(context.Context, *consumer.Message) error { return nil },
+			Window:   consumer.WindowPolicy{Messages: 1},
+			Overload: consumer.OverloadPolicy{Throttle: th, ThrottleWait: 10 * time.Millisecond},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error)
+		go func() { done <- c.Run(ctx) }()
+		for c.Stats()[0].Settled[consumer.OutcomeSucceeded] < 1 {
+			time.Sleep(time.Millisecond)
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		hook.mu.Lock()
+		defer hook.mu.Unlock()
+		if len(hook.waits) != 1 || hook.waits[0].Throttle != 20*time.Millisecond {
+			t.Fatalf("waits %v, want one fetch held back 2 x 10 ms", hook.waits)
+		}
+	})
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -268,4 +269,25 @@ func (f batchTarget) PublishBatch(_ context.Context, ms []*dlq.Outgoing) []error
 func tracepartOf(h map[string][]string, sc trace.SpanContext) bool {
 	v := h["traceparent"]
 	return len(v) == 1 && v[0] == "00-"+sc.TraceID().String()+"-"+sc.SpanID().String()+"-01"
+}
+
+// Time the route waited for its window before the fetch is an event on the
+// span of each message that fetch brought: here one slot, held 50 ms by
+// each handler run.
+func TestWindowWaitEvent(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := newTracing(t)
+		tc := tr.tracer(otelsluice.Options{})
+		src := sluicetest.NewSource()
+		src.Publish("first", nil, nil, time.Time{})
+		src.Publish("second", nil, nil, time.Time{})
+		runRoute(t, context.Background(), tc, consumer.Route{Source: src, Workers: 1, Window: consumer.WindowPolicy{Messages: 1},
+			Handler: keyed(func(context.Context, *consumer.Message) error { time.Sleep(50 * time.Millisecond); return nil })},
+			func(s consumer.RouteStats) bool { return s.Settled[consumer.OutcomeSucceeded] == 2 })
+		spans := spansByKey(tr)
+		wantEvents(t, spans["first"], otelsluice.EventHandlerStart, otelsluice.EventHandlerEnd)
+		if w := eventAttr(spans["second"], otelsluice.EventWindowWait, otelsluice.AttrWait); w != "0.05" {
+			t.Errorf("second: window wait %q s, want 0.05", w)
+		}
+	})
 }
