@@ -172,7 +172,9 @@ func newRoute(cfg Route, clock Clock, opts Options) (*route, error) {
 		r.obs = opts.Observer.ObserveRoute(r.routeInfo(), r.stats)
 	}
 	if opts.Hook != nil {
-		r.hook = opts.Hook.HookRoute(r.routeInfo())
+		if h := opts.Hook.HookRoute(r.routeInfo()); !isNil(h) {
+			r.hook = h
+		}
 	}
 	o := &cfg.Overload
 	r.timed = r.obs != nil || r.hook != nil || o.RetryBudget != nil || o.Throttle != nil || o.AdaptiveLimit != nil

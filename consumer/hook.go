@@ -16,7 +16,8 @@ import (
 // New calls HookRoute once per route (Options.Hook), like
 // Observer.ObserveRoute. With Options.Hook nil, or a nil MessageHook for a
 // route, the route makes no call, reads no extra clock and allocates
-// nothing for it (BenchmarkCorePath).
+// nothing for it (BenchmarkCorePath). JoinHooks puts several on one
+// consumer.
 type Hook interface {
 	// HookRoute returns the hook for one route's messages, or nil to leave
 	// the route alone. info has the route's defaults applied.
@@ -103,6 +104,55 @@ type Event struct {
 	Shed       ShedReason    // EventShed
 	Class      string        // EventLetter: the dead-letter class (dlq.Class*, Class*)
 	Letter     *dlq.Letter   // EventLetter: nil without a sink
+}
+
+// JoinHooks returns a Hook that passes every call to each of hooks in turn
+// (nil ones are skipped): tracing and logging on one consumer. Held chains
+// the contexts: each hook's Held gets the context the previous one
+// returned, and the last one is the message's.
+func JoinHooks(hooks ...Hook) Hook {
+	var hs joined
+	for _, h := range hooks {
+		if !isNil(h) {
+			hs = append(hs, h)
+		}
+	}
+	return hs
+}
+
+type joined []Hook
+
+func (hs joined) HookRoute(info RouteInfo) MessageHook {
+	var ms joinedRoute
+	for _, h := range hs {
+		if m := h.HookRoute(info); !isNil(m) {
+			ms = append(ms, m)
+		}
+	}
+	switch len(ms) {
+	case 0:
+		return nil
+	case 1:
+		return ms[0]
+	}
+	return ms
+}
+
+type joinedRoute []MessageHook
+
+func (ms joinedRoute) Held(ctx context.Context, m *Message, w Waits) context.Context {
+	for _, h := range ms {
+		if c := h.Held(ctx, m, w); c != nil {
+			ctx = c
+		}
+	}
+	return ctx
+}
+
+func (ms joinedRoute) Event(ctx context.Context, m *Message, e Event) {
+	for _, h := range ms {
+		h.Event(ctx, m, e)
+	}
 }
 
 // hooked is a route's hook and what its fetch loop tracks for it.

@@ -260,3 +260,49 @@ func TestHookThrottleWait(t *testing.T) {
 		}
 	})
 }
+
+// JoinHooks passes every call to each hook, chaining Held's contexts; nil
+// hooks and routes a hook leaves alone are skipped.
+func TestJoinHooks(t *testing.T) {
+	a, b := &recordHook{}, &recordHook{}
+	var none *recordHook
+	src := sluicetest.NewSource()
+	src.Publish("ok", nil, nil, time.Time{})
+	src.Publish("poison", nil, nil, time.Time{})
+	c, err := consumer.New(consumer.Options{Hook: consumer.JoinHooks(a, nil, none, skipRoutes{}, b)}, consumer.Route{
+		Name: "orders", Source: src,
+		Handler: func(ctx context.Context, m *consumer.Message) error {
+			if string(m.Key) == "poison" {
+				return consumer.Permanent(errors.New("cannot decode"))
+			}
+			return nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sluicetest.RunUntil(context.Background(), c, 10*time.Second, func(s []consumer.RouteStats) bool {
+		return sluicetest.Final(s[0]) == 2 && s[0].Held == 0
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range []*recordHook{a, b} {
+		if got := h.events("ok#1"); got != "held, start, end, settled succeeded ack" {
+			t.Errorf("ok: %s", got)
+		}
+		if got := h.events("poison#1"); got != "held, start, end err, letter permanent, settled terminated term" {
+			t.Errorf("poison: %s", got)
+		}
+		if h.bad != nil {
+			t.Errorf("hook saw %v", h.bad)
+		}
+	}
+	if consumer.JoinHooks(nil, skipRoutes{}).HookRoute(consumer.RouteInfo{}) != nil {
+		t.Error("a join of hooks that skip the route hooks it")
+	}
+}
+
+// skipRoutes leaves every route alone.
+type skipRoutes struct{}
+
+func (skipRoutes) HookRoute(consumer.RouteInfo) consumer.MessageHook { return nil }
