@@ -132,9 +132,12 @@ func (r *route) complete(m *Message, settleErr error) {
 	if o == OutcomeSucceeded && m.late {
 		r.c.late.Add(1)
 	}
-	r.held.remove(m)
 	r.releaseWindow(m)
 	r.c.settled[o].Add(1)
+	// Last: while m is held in stateDone its completion is under way, and
+	// Run waits for it (pendingConfirmations), so the ledger is whole when
+	// Run returns.
+	r.held.remove(m)
 }
 
 // releaseWindow returns m's window capacity, once: whoever swaps charged
@@ -160,11 +163,12 @@ func (r *route) abandonUnconfirmed() int {
 	return n
 }
 
-// pendingConfirmations counts r's messages awaiting a confirmation.
+// pendingConfirmations counts r's messages awaiting a confirmation, or
+// being completed by one.
 func (r *route) pendingConfirmations() int {
 	n := 0
 	for _, m := range r.held.snapshot() {
-		if msgState(m.state.Load()) == statePending {
+		if s := msgState(m.state.Load()); s == statePending || s == stateDone {
 			n++
 		}
 	}
