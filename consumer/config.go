@@ -59,6 +59,11 @@ type Route struct {
 	// Workers is the fixed number of goroutines running Handler: no
 	// goroutine per message. 0 means DefaultWorkers; at most MaxWorkers.
 	Workers int
+	// Ordering says which messages may run at the same time: Unordered
+	// (the default), ByKey or ByPartition. On an ordered route a message
+	// that fails is retried in place, after the backoff, while its key's
+	// later messages wait; see Ordering and the package documentation.
+	Ordering Ordering
 	// Window bounds what the route holds.
 	Window WindowPolicy
 	// Expiry says where deadlines come from. The zero value reads the
@@ -95,6 +100,13 @@ type WindowPolicy struct {
 	// round trip carries a batch rather than one message. 0 means a quarter
 	// of MaxBatch (at least 1); 1 fetches as soon as any slot frees.
 	MinFetch int
+	// MaxPerKey bounds the messages of one key (ByKey) or partition
+	// (ByPartition) that an ordered route holds: when a fetched message
+	// would exceed it, the route takes nothing more in until that key has
+	// room, so one hot key cannot fill the window while the others wait
+	// in the broker. 0 means half of Messages (at least 1). Ignored on an
+	// Unordered route.
+	MaxPerKey int
 }
 
 // ExpiredAction says how a message whose deadline passed is settled. It is
@@ -337,6 +349,9 @@ func (r Route) withDefaults() Route {
 		r.Window.MinFetch = max(1, r.Window.MaxBatch/4)
 	}
 	r.Window.MinFetch = min(r.Window.MinFetch, r.Window.MaxBatch)
+	if r.Window.MaxPerKey == 0 {
+		r.Window.MaxPerKey = max(1, r.Window.Messages/2)
+	}
 	r.Retry = r.Retry.withDefaults()
 	if r.Overload.ShedDelay == 0 {
 		r.Overload.ShedDelay = time.Second
@@ -370,6 +385,10 @@ func (r *Route) validate() error {
 		return bad("Window.MaxBatch must be >= 0, got %d", r.Window.MaxBatch)
 	case r.Window.MinFetch < 0:
 		return bad("Window.MinFetch must be >= 0, got %d", r.Window.MinFetch)
+	case r.Window.MaxPerKey < 0:
+		return bad("Window.MaxPerKey must be >= 0, got %d", r.Window.MaxPerKey)
+	case r.Ordering < Unordered || r.Ordering > ByPartition:
+		return bad("Ordering %d", r.Ordering)
 	case r.Retry.MaxAttempts < 0 || r.Retry.MaxAttempts > 1000:
 		return bad("Retry.MaxAttempts must be 0..1000, got %d", r.Retry.MaxAttempts)
 	case r.Retry.BaseDelay < 0 || r.Retry.MaxDelay < 0:

@@ -37,6 +37,7 @@ type route struct {
 	window    *backpressure.Window
 	clock     Clock
 	queue     *queue
+	order     *orderer // nil on an Unordered route
 	held      inflight
 	c         counters
 	obs       RouteObserver
@@ -143,10 +144,14 @@ func newRoute(cfg Route, clock Clock, opts Options) (*route, error) {
 		r.pred = newPredictor(cfg.Workers)
 	}
 	r.pressure, _ = backpressure.NewPressureGauge(backpressure.PressureOptions{}, r.pressureSignals)
+	if cfg.Ordering != Unordered {
+		r.order = newOrderer(r)
+	}
 	r.log.init(cfg.Name, opts.Logger, opts.LogInterval)
 	info, err := cfg.Source.Attach(RouteLimits{
 		Route: cfg.Name, Messages: cfg.Window.Messages, Bytes: cfg.Window.Bytes,
 		MaxAttempts: cfg.Retry.MaxAttempts, MaxDelay: max(cfg.Retry.MaxDelay, cfg.Overload.ShedDelay),
+		Ordering: cfg.Ordering,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("route %q: %w", cfg.Name, err)
@@ -242,6 +247,7 @@ func (r *route) stats() RouteStats {
 	if r.pred != nil {
 		o.HandlerMean, o.HandlerP99, _ = r.pred.lat.estimate()
 	}
+	s.Order = r.orderStats()
 	return s
 }
 

@@ -153,7 +153,7 @@ func (r *route) admit(ctx context.Context, msgs []*Message) {
 				r.expire(m, now)
 				continue
 			}
-			if d := r.cfg.Overload.ShedNearDeadline; d > 0 && !m.deadline.IsZero() && m.deadline.Sub(now) < d {
+			if d := r.cfg.Overload.ShedNearDeadline; d > 0 && r.order == nil && !m.deadline.IsZero() && m.deadline.Sub(now) < d {
 				r.shed(m, ShedNearDeadline)
 				continue
 			}
@@ -178,9 +178,7 @@ func (r *route) admit(ctx context.Context, msgs []*Message) {
 		if r.cfg.Overload.Queue.Order == QueueFIFO {
 			pos++
 		}
-		if v := r.queue.push(m); v != nil {
-			r.shed(v, ShedQueueFull)
-		}
+		r.enqueue(ctx, m)
 	}
 }
 
@@ -231,6 +229,9 @@ func (r *route) computeDeadline(m *Message) {
 // shutdown: a Nak without delay, except on the broker's last delivery,
 // where a Nak would drop it: it is left unsettled instead.
 func (r *route) giveBack(m *Message) {
+	if r.order != nil && r.order.deferGiveBack(m) {
+		return // handed back after the earlier messages of its key (order.go)
+	}
 	if r.lastDelivery(m) {
 		r.settle(m, abandon)
 		return
@@ -240,5 +241,5 @@ func (r *route) giveBack(m *Message) {
 
 // lastDelivery reports whether the broker will not redeliver m after a Nak.
 func (r *route) lastDelivery(m *Message) bool {
-	return r.maxDeliver > 0 && m.Attempt >= r.maxDeliver
+	return r.maxDeliver > 0 && m.Attempt-m.retries >= r.maxDeliver
 }

@@ -131,6 +131,8 @@ type Message struct {
 	crit      backpressure.Criticality
 	late      bool            // succeeded after its deadline
 	hctx      context.Context // what the route's MessageHook.Held returned
+	okey      *keyState       // its key on an ordered route (order.go); nil: none
+	retries   int             // times an ordered route held it back to run again (Attempt counts them)
 }
 
 // NewMessage returns a Message settled through a. Adapters call it (or

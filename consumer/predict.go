@@ -196,6 +196,13 @@ func (r *route) reapLoop(ctx context.Context) {
 		now := r.clock.Now()
 		var late []*Message
 		late, next = r.queue.takeLate(now.UnixNano())
+		if r.order != nil {
+			waiting, n := r.order.takeLate(now.UnixNano())
+			late = append(late, waiting...)
+			if n != 0 && (next == 0 || n < next) {
+				next = n
+			}
+		}
 		for _, m := range late {
 			r.expireEarly(m, now)
 		}

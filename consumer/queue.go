@@ -27,6 +27,9 @@ type queue struct {
 	// a push lowers it.
 	earliest int64
 	reap     chan struct{}
+	// onClose runs when the queue closes, before workers may stop (an
+	// ordered route queues the messages it held back: see order.go).
+	onClose func()
 }
 
 func newQueue(order QueueOrder, drop DropPolicy, limit int) *queue {
@@ -106,16 +109,27 @@ func (q *queue) push(m *Message) (victim *Message) {
 			victim = q.removeLocked(at)
 		}
 	}
+	q.addLocked(m)
+	return victim
+}
+
+// addLocked queues m for a worker and tells the reaper its start-by time.
+func (q *queue) addLocked(m *Message) {
 	q.pushLocked(m)
 	q.cond.Signal()
-	if m.startBy != 0 && (q.earliest == 0 || m.startBy < q.earliest) {
-		q.earliest = m.startBy
+	q.startByLocked(m.startBy)
+}
+
+// startByLocked wakes the reaper when t (a start-by time, 0: none) is
+// earlier than any it knows of.
+func (q *queue) startByLocked(t int64) {
+	if t != 0 && (q.earliest == 0 || t < q.earliest) {
+		q.earliest = t
 		select {
 		case q.reap <- struct{}{}:
 		default:
 		}
 	}
-	return victim
 }
 
 // takeLate removes the queued messages whose start-by time is at or before
@@ -184,6 +198,9 @@ func (q *queue) len() int {
 
 // close wakes every worker; they take what is left, then stop.
 func (q *queue) close() {
+	if q.onClose != nil {
+		q.onClose()
+	}
 	q.mu.Lock()
 	q.closed = true
 	q.cond.Broadcast()

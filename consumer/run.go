@@ -21,7 +21,7 @@ func (r *route) work(w int) {
 		if !ok {
 			return
 		}
-		if r.stopping.Load() {
+		if r.stopping.Load() || revoked(m) {
 			r.giveBack(m)
 			continue
 		}
@@ -281,9 +281,11 @@ func (r *route) toSink(m *Message, class string, cause error, now time.Time, suc
 	l := r.letter(m, class, cause, now)
 	r.event(m, Event{Kind: EventLetter, Class: class, Err: cause, Letter: l})
 	err := sink.Write(r.settleCtx, l)
-	for delay := 100 * time.Millisecond; err != nil && r.lastDelivery(m); delay = min(2*delay, 5*time.Second) {
+	// On the broker's last delivery a Nak would lose m; on an ordered route
+	// its redelivery would come after its key's later messages.
+	for delay := 100 * time.Millisecond; err != nil && (r.lastDelivery(m) || r.order != nil); delay = min(2*delay, 5*time.Second) {
 		r.c.dlqErrors.Add(1)
-		r.noteError("dead-letter write (last delivery: kept, retrying)", err)
+		r.noteError("dead-letter write (kept, retrying)", err)
 		if !pause(r.settleCtx, delay/2+rand.N(delay/2+1)) {
 			r.perform(m, abandon)
 			return OutcomeAbandoned

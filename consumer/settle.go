@@ -58,6 +58,9 @@ func (r *route) claim(m *Message) bool {
 
 // settle claims m and performs v; it reports whether this call settled m.
 func (r *route) settle(m *Message, v verdict) bool {
+	if r.order != nil && r.order.holdBack(m, v) {
+		return true // an ordered route retries in place (order.go)
+	}
 	if !r.claim(m) {
 		return false
 	}
@@ -69,6 +72,9 @@ func (r *route) settle(m *Message, v verdict) bool {
 // completes m when the broker's answer is in (now, or through Confirm).
 func (r *route) perform(m *Message, v verdict) {
 	m.verdict = v
+	if r.order != nil {
+		defer r.order.release(m) // the next message of its key may go
+	}
 	if v.op.Op == 0 {
 		r.complete(m, nil)
 		return

@@ -45,6 +45,11 @@ type RouteLimits struct {
 	// backoff cap, shed delay): a Source may clamp not-before times it
 	// reads from the broker to it.
 	MaxDelay time.Duration
+	// Ordering is the route's Ordering. An ordered route never nak's a
+	// message it will run again (it retries in place) and hands back a
+	// key's messages in order; a Source must not let a redelivery overtake
+	// later messages of its key or partition (a Kafka retry topic would).
+	Ordering Ordering
 }
 
 // SourceInfo describes a Source's broker to its route.

@@ -104,6 +104,7 @@ type RouteStats struct {
 	Window   WindowStats
 	Errors   ErrorStats
 	Overload OverloadStats
+	Order    OrderStats
 }
 
 // Goodput returns successes that finished within their deadline.

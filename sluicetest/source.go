@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -18,8 +19,8 @@ const (
 	// ConfirmAtOnce: Settle returns nil; the settlement is done. The default.
 	ConfirmAtOnce ConfirmMode = iota
 	// ConfirmAsync: Settle returns consumer.ErrPending and the settlement
-	// is confirmed from another goroutine right away, as a pipelining
-	// adapter does.
+	// (applied in the order of the Settle calls) is confirmed from another
+	// goroutine right away, as a pipelining adapter does.
 	ConfirmAsync
 	// ConfirmManual: Settle returns consumer.ErrPending and the settlement
 	// waits until the test calls Source.ConfirmPending.
@@ -40,18 +41,24 @@ type Source struct {
 	AckWait time.Duration
 	// Confirm says how settlements are confirmed.
 	Confirm ConfirmMode
+	// RedeliverFirst puts a nak'd message back ahead of the messages never
+	// delivered (behind earlier nak'd ones), as a JetStream durable does,
+	// instead of at the tail.
+	RedeliverFirst bool
 
-	mu       sync.Mutex
-	queue    []*entry
-	signal   chan struct{}
-	closed   bool
-	ledger   map[string]*Record
-	errs     []string
-	fetches  int
-	asked    []Ask
-	fail     func(n int) error
-	limits   *consumer.RouteLimits
-	awaiting []*acker
+	mu        sync.Mutex
+	queue     []*entry
+	redo      int   // queue[:redo] are redeliveries (RedeliverFirst)
+	published int64 // PublishMsg's sequence
+	signal    chan struct{}
+	closed    bool
+	ledger    map[string]*Record
+	errs      []string
+	fetches   int
+	asked     []Ask
+	fail      func(n int) error
+	limits    *consumer.RouteLimits
+	awaiting  []*acker
 }
 
 // Ask records what one Fetch asked for.
@@ -63,6 +70,9 @@ type Ask struct {
 type entry struct {
 	id      string
 	key     []byte
+	part    int32
+	offset  int64
+	origin  bool // Origin.Topic, Partition and Offset are set (PublishMsg)
 	value   []byte
 	headers consumer.Headers
 	pub     time.Time
@@ -128,6 +138,39 @@ func (s *Source) PublishSized(id string, value []byte, headers consumer.Headers,
 	s.wake()
 }
 
+// Msg is a message for PublishMsg.
+type Msg struct {
+	// ID names the message in the ledger; it must be unique.
+	ID string
+	// Key is Message.Key; nil means ID.
+	Key []byte
+	// Partition is Message.Origin.Partition (with Origin.Topic "mem" and
+	// Origin.Offset the publish sequence), for routes ordered ByPartition.
+	Partition   int32
+	Value       []byte
+	Headers     consumer.Headers
+	PublishedAt time.Time
+	// Size is the window cost; 0 means computed.
+	Size int64
+}
+
+// PublishMsg queues m.
+func (s *Source) PublishMsg(m Msg) {
+	key := m.Key
+	if key == nil {
+		key = []byte(m.ID)
+	}
+	s.mu.Lock()
+	s.published++
+	s.queue = append(s.queue, &entry{id: m.ID, key: key, part: m.Partition, offset: s.published, origin: true, value: m.Value,
+		headers: m.Headers, pub: m.PublishedAt, attempt: 1, size: m.Size})
+	if _, ok := s.ledger[m.ID]; !ok {
+		s.ledger[m.ID] = &Record{}
+	}
+	s.mu.Unlock()
+	s.wake()
+}
+
 // FailFetches makes Fetch call fn with the fetch number (1-based) and
 // return its error when non-nil.
 func (s *Source) FailFetches(fn func(n int) error) {
@@ -175,6 +218,9 @@ func (s *Source) Fetch(ctx context.Context, maxMessages int, maxBytes int64) ([]
 				break
 			}
 			s.queue = s.queue[1:]
+			if s.redo > 0 {
+				s.redo--
+			}
 			bytes += cost
 			rec := s.ledger[e.id]
 			rec.Deliveries++
@@ -187,6 +233,9 @@ func (s *Source) Fetch(ctx context.Context, maxMessages int, maxBytes int64) ([]
 			consumer.InitMessage(m, a)
 			m.Topic, m.Key, m.Value, m.Headers = "mem", e.key, e.value, e.headers
 			m.PublishedAt, m.Attempt, m.Size = e.pub, e.attempt, e.size
+			if e.origin {
+				m.Origin.Topic, m.Origin.Partition, m.Origin.Offset = "mem", e.part, e.offset
+			}
 			out = append(out, m)
 			if cost > maxBytes {
 				break // an oversized message travels alone
@@ -284,10 +333,10 @@ func (a *acker) Settle(_ context.Context, op consumer.Settlement) error {
 	a.s.mu.Unlock()
 	switch mode {
 	case ConfirmAsync:
-		go func() {
-			a.apply()
-			consumer.Confirm(&a.msg, nil)
-		}()
+		// The broker takes settlements in the order they are sent (a nak'd
+		// message is redelivered in that order); only the answer is late.
+		a.apply()
+		go consumer.Confirm(&a.msg, nil)
 		return consumer.ErrPending
 	case ConfirmManual:
 		return consumer.ErrPending
@@ -335,18 +384,22 @@ func (a *acker) redeliver(delay time.Duration) {
 	next := *a.e
 	next.attempt++
 	if a.s.HonorDelay && delay > 0 {
-		time.AfterFunc(delay, func() {
-			a.s.mu.Lock()
-			a.s.queue = append(a.s.queue, &next)
-			a.s.mu.Unlock()
-			a.s.wake()
-		})
+		time.AfterFunc(delay, func() { a.s.requeue(&next) })
 		return
 	}
-	a.s.mu.Lock()
-	a.s.queue = append(a.s.queue, &next)
-	a.s.mu.Unlock()
-	a.s.wake()
+	a.s.requeue(&next)
+}
+
+func (s *Source) requeue(e *entry) {
+	s.mu.Lock()
+	if s.RedeliverFirst {
+		s.queue = slices.Insert(s.queue, s.redo, e)
+		s.redo++
+	} else {
+		s.queue = append(s.queue, e)
+	}
+	s.mu.Unlock()
+	s.wake()
 }
 
 // InProgress implements consumer.Acker.
