@@ -626,3 +626,45 @@ func TestOrderingValidation(t *testing.T) {
 		t.Fatalf("the Source learned Ordering %v", got)
 	}
 }
+
+// TestOrderWaitingExpiresInPlace: a message waiting behind its key's stuck
+// head is settled as expired when it can no longer start in time, at once
+// (its window slot comes back), not when its turn comes.
+func TestOrderWaitingExpiresInPlace(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		src := sluicetest.NewSource()
+		soon := expiry.FormatDeadline(time.Now().Add(time.Second))
+		src.PublishMsg(sluicetest.Msg{ID: "0", Key: []byte("k"), Value: []byte("0")})
+		src.PublishMsg(sluicetest.Msg{ID: "1", Key: []byte("k"), Value: []byte("1"), Headers: consumer.Headers{expiry.DefaultHeader: {soon}}})
+		gate := make(chan struct{})
+		c, err := consumer.New(consumer.Options{}, consumer.Route{
+			Name: "reap", Source: src, Workers: 2, Ordering: consumer.ByKey,
+			Handler: func(_ context.Context, m *consumer.Message) error {
+				if string(m.Value) == "0" {
+					<-gate
+				}
+				return nil
+			},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error)
+		go func() { done <- c.Run(ctx) }()
+		time.Sleep(2 * time.Second) // message 1's deadline passes while message 0 runs
+		synctest.Wait()
+		s := c.Stats()[0]
+		if s.Settled[consumer.OutcomeExpired] != 1 || s.Window.InUse != 1 || s.Order.Waiting != 0 {
+			t.Errorf("while its key's head runs: expired %d, window %+v, order %+v", s.Settled[consumer.OutcomeExpired], s.Window, s.Order)
+		}
+		close(gate)
+		for src.Settled() < 2 {
+			time.Sleep(time.Millisecond)
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	})
+}
