@@ -23,6 +23,10 @@ const (
 	MaxWorkers = 4096
 	// MaxWindowMessages is the most messages a route window may hold.
 	MaxWindowMessages = 1 << 20
+	// DefaultDrainWindow is how many messages a route with the default
+	// window may hold (at most) while it drains a backlog of messages that
+	// would not make their deadline; see WindowPolicy.Messages.
+	DefaultDrainWindow = 256
 )
 
 // Clock reads the time for deadline decisions. Tests inject one; nil means
@@ -88,8 +92,14 @@ type Route struct {
 // awaiting settlement together. The route asks its Source only for what the
 // window has free, so a slow handler shows up as broker lag, not memory.
 type WindowPolicy struct {
-	// Messages bounds the number of messages. 0 means twice the route's
-	// Workers; at most MaxWindowMessages.
+	// Messages bounds the number of messages; at most MaxWindowMessages.
+	// 0 means a window that finds its size: it holds twice the route's
+	// Workers, and while most of what it fetches is dropped at once
+	// (expired, or predicted to finish after its deadline: a stale backlog
+	// to drain) it doubles, up to DefaultDrainWindow (or twice the Workers
+	// if more), so each broker round trip drains more of the backlog;
+	// once drops stop it halves back. The Source is told the upper bound.
+	// With an Overload.AdaptiveLimit, 0 means twice the Workers.
 	Messages int
 	// Bytes bounds their bytes (Message.Size). 0 means DefaultWindowBytes.
 	Bytes int64
@@ -98,7 +108,8 @@ type WindowPolicy struct {
 	// MinFetch is the low-water mark of the pull: the route fetches again
 	// only once at least this many message slots are free, so a broker
 	// round trip carries a batch rather than one message. 0 means a quarter
-	// of MaxBatch (at least 1); 1 fetches as soon as any slot frees.
+	// of MaxBatch, or of the limit in force for a window that finds its
+	// size (at least 1); 1 fetches as soon as any slot frees.
 	MinFetch int
 	// MaxPerKey bounds the messages of one key (ByKey) or partition
 	// (ByPartition) that an ordered route holds: when a fetched message
@@ -337,7 +348,11 @@ func (r Route) withDefaults() Route {
 		r.Workers = DefaultWorkers
 	}
 	if r.Window.Messages == 0 {
-		r.Window.Messages = min(2*r.Workers, MaxWindowMessages)
+		r.Window.Messages = 2 * r.Workers
+		if r.Overload.AdaptiveLimit == nil {
+			r.Window.Messages = max(r.Window.Messages, DefaultDrainWindow)
+		}
+		r.Window.Messages = min(r.Window.Messages, MaxWindowMessages)
 	}
 	if r.Window.Bytes == 0 {
 		r.Window.Bytes = DefaultWindowBytes

@@ -50,6 +50,7 @@ type route struct {
 	// feeds it.
 	pressure *backpressure.PressureGauge
 	slack    slack
+	drain    drainWindow // fetch loop only
 	stopping atomic.Bool
 	log      errorLog
 	hooked   // Options.Hook for this route
@@ -117,6 +118,15 @@ func New(opts Options, routes ...Route) (*Consumer, error) {
 		r, err := newRoute(given.withDefaults(), clock, opts)
 		if err != nil {
 			return nil, err
+		}
+		if given.Window.Messages == 0 && given.Overload.AdaptiveLimit == nil {
+			// The default window finds its size (drainWindow).
+			d := &r.drain
+			d.on, d.minFetch = true, given.Window.MinFetch == 0
+			d.hi = r.cfg.Window.Messages
+			d.lo = min(2*r.cfg.Workers, d.hi)
+			d.limit = d.lo
+			r.window.SetLimit(d.lo)
 		}
 		c.routes = append(c.routes, r)
 	}

@@ -25,7 +25,7 @@ func (r *route) fetchLoop(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		n, b, err := r.window.WaitFreeAtLeast(ctx, r.cfg.Window.MinFetch)
+		n, b, err := r.window.WaitFreeAtLeast(ctx, r.fetchMin())
 		if err != nil {
 			return nil
 		}
@@ -59,7 +59,7 @@ func (r *route) fetchLoop(ctx context.Context) error {
 				r.c.throttled.Add(uint64(d - float64(len(msgs)) + 0.5))
 				if err == nil {
 					if len(msgs) > 0 {
-						r.admit(ctx, msgs)
+						r.admitBatch(ctx, msgs)
 					}
 					r.throttled += r.cfg.Overload.ThrottleWait
 					if !pause(ctx, r.cfg.Overload.ThrottleWait) {
@@ -70,7 +70,7 @@ func (r *route) fetchLoop(ctx context.Context) error {
 			}
 		}
 		if len(msgs) > 0 {
-			r.admit(ctx, msgs)
+			r.admitBatch(ctx, msgs)
 		}
 		if err != nil {
 			if ctx.Err() != nil {
@@ -103,13 +103,26 @@ func pause(ctx context.Context, d time.Duration) bool {
 	}
 }
 
+// admitBatch admits msgs and lets a window that finds its size adjust to
+// how many of them were dropped at once.
+func (r *route) admitBatch(ctx context.Context, msgs []*Message) {
+	dropped := r.admit(ctx, msgs)
+	if r.drain.on {
+		old := r.drain.limit
+		if l := r.drain.observe(time.Now(), len(msgs), dropped); l != old {
+			r.window.SetLimit(l)
+		}
+	}
+}
+
 // admit takes a fetched batch into the route: each message is counted and
 // held (kept alive) at once, then charged to the window, checked against
 // its deadline, and queued for a worker. Each clock is read once for the
 // batch: the injectable one for deadline decisions, the real one for
 // holding time (keep-alive ticks and the oldest-age stat run on real time,
 // whatever clock the deadlines use).
-func (r *route) admit(ctx context.Context, msgs []*Message) {
+// It returns how many it settled at once instead of queueing them.
+func (r *route) admit(ctx context.Context, msgs []*Message) int {
 	now := r.clock.Now()
 	held := time.Now()
 	r.c.fetched.Add(uint64(len(msgs)))
@@ -124,6 +137,7 @@ func (r *route) admit(ctx context.Context, msgs []*Message) {
 	// takes the next position (FIFO) or the first (LIFO).
 	var pl plan
 	planned, pos := false, 0
+	var enqueued, shed int
 	for _, m := range msgs {
 		if msgState(m.state.Load()) != stateHeld {
 			continue // abandoned by a shutdown that could not wait for us
@@ -178,8 +192,12 @@ func (r *route) admit(ctx context.Context, msgs []*Message) {
 		if r.cfg.Overload.Queue.Order == QueueFIFO {
 			pos++
 		}
-		r.enqueue(ctx, m)
+		enqueued++
+		shed += r.enqueue(ctx, m)
 	}
+	// What was not queued, and what the queue shed to make room, was
+	// settled at once.
+	return len(msgs) - enqueued + shed
 }
 
 // hold makes m the route's: counted, in the held set (so it is kept alive

@@ -190,22 +190,32 @@ func (o *orderer) drop(k *keyState) {
 }
 
 // enqueue queues a message admit has charged to the window: for a worker at
-// once, or on an ordered route behind the earlier messages of its key.
-func (r *route) enqueue(ctx context.Context, m *Message) {
+// once, or on an ordered route behind the earlier messages of its key. It
+// returns how many messages the queue shed to take it (m itself, or an
+// older one): 0 or 1.
+func (r *route) enqueue(ctx context.Context, m *Message) int {
 	if r.order != nil {
-		r.order.admit(ctx, m)
-		return
+		return r.order.admit(ctx, m)
 	}
+	return r.pushOrShed(m)
+}
+
+// pushOrShed queues m, shedding by the route's queue policy, and returns
+// how many messages were shed (0 or 1).
+func (r *route) pushOrShed(m *Message) int {
 	if v := r.queue.push(m); v != nil {
 		r.shed(v, ShedQueueFull)
+		return 1
 	}
+	return 0
 }
 
 // admit takes m into its key: the head when the key holds nothing, else
 // behind the others. While the key holds perKey messages it waits (the
 // fetch loop stops taking messages in: one hot key takes at most that much
-// of the window); when ctx ends first, m is handed back.
-func (o *orderer) admit(ctx context.Context, m *Message) {
+// of the window); when ctx ends first, m is handed back. It returns how
+// many messages the queue shed (see enqueue).
+func (o *orderer) admit(ctx context.Context, m *Message) int {
 	o.mu.Lock()
 	k := o.key(m, true)
 	for k != nil && k.n >= o.perKey {
@@ -220,15 +230,14 @@ func (o *orderer) admit(ctx context.Context, m *Message) {
 			o.full, o.room = nil, nil
 			o.mu.Unlock()
 			o.r.giveBack(m)
-			return
+			return 0
 		}
 		o.mu.Lock()
 		k = o.key(m, true) // the key may have emptied and gone meanwhile
 	}
 	if k == nil {
 		o.mu.Unlock()
-		o.push(m)
-		return
+		return o.push(m)
 	}
 	k.n++
 	m.okey = k
@@ -243,20 +252,16 @@ func (o *orderer) admit(ctx context.Context, m *Message) {
 			o.r.queue.startByLocked(m.startBy)
 			o.r.queue.mu.Unlock()
 		}
-		return
+		return 0
 	}
 	k.head = m
 	o.mu.Unlock()
-	o.push(m)
+	return o.push(m)
 }
 
 // push queues a message that arrived and may run now, shedding by the
-// route's queue policy.
-func (o *orderer) push(m *Message) {
-	if v := o.r.queue.push(m); v != nil {
-		o.r.shed(v, ShedQueueFull)
-	}
-}
+// route's queue policy, and returns how many were shed.
+func (o *orderer) push(m *Message) int { return o.r.pushOrShed(m) }
 
 // release takes a settled message out of its key; the key's next message
 // becomes its head and is queued. perform calls it for every settlement.

@@ -64,3 +64,28 @@ func TestPlanWait(t *testing.T) {
 		t.Error("a prediction before any run")
 	}
 }
+
+func TestDrainWindowGrowsAndShrinks(t *testing.T) {
+	d := drainWindow{on: true, lo: 8, hi: 256, limit: 8}
+	t0 := time.Unix(1000, 0)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	if l := d.observe(at(0), 8, 8); l != 8 {
+		t.Fatalf("decided within the first interval: %d", l)
+	}
+	// Half of each batch dropped: the limit doubles each interval, to hi.
+	for i, want := range []int{16, 32, 64, 128, 256, 256} {
+		if l := d.observe(at(100*(i+1)), 8, 4); l != want {
+			t.Fatalf("interval %d: limit %d, want %d", i+1, l, want)
+		}
+	}
+	// 10% dropped: hold.
+	if l := d.observe(at(700), 100, 10); l != 256 {
+		t.Fatalf("10%% dropped: %d", l)
+	}
+	// No drops: halve back to lo.
+	for i, want := range []int{128, 64, 32, 16, 8, 8} {
+		if l := d.observe(at(800+100*i), 8, 0); l != want {
+			t.Fatalf("no drops, interval %d: limit %d, want %d", i, l, want)
+		}
+	}
+}

@@ -27,6 +27,18 @@ type overload struct {
 	load     float64
 	dur      time.Duration // offered load; goodput counts runs ending in the last half
 	route    func(*consumer.Route)
+	rtt      time.Duration // each Fetch takes this long (a broker round trip)
+}
+
+// slowSource is a Source whose every Fetch takes a round trip.
+type slowSource struct {
+	*sluicetest.Source
+	rtt time.Duration
+}
+
+func (s slowSource) Fetch(ctx context.Context, n int, b int64) ([]*consumer.Message, error) {
+	time.Sleep(s.rtt)
+	return s.Source.Fetch(ctx, n, b)
 }
 
 type overloadResult struct {
@@ -77,7 +89,11 @@ func (o overload) run(t *testing.T) overloadResult {
 			}
 			return err
 		}
-		r := consumer.Route{Name: "r", Source: src, Handler: h, Workers: o.workers, Retry: consumer.RetryPolicy{MaxAttempts: 1}}
+		var source consumer.Source = src
+		if o.rtt > 0 {
+			source = slowSource{src, o.rtt}
+		}
+		r := consumer.Route{Name: "r", Source: source, Handler: h, Workers: o.workers, Retry: consumer.RetryPolicy{MaxAttempts: 1}}
 		if o.route != nil {
 			o.route(&r)
 		}
@@ -249,4 +265,37 @@ func TestDroppedMessagesFreeTheWindowBeforeConfirmation(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+}
+
+// One worker of 2 ms offered 10× with a 100 ms deadline, on a source whose
+// fetch takes a 1 ms round trip: 90% of what arrives must be fetched only to
+// be dropped. A window of twice the workers (2) drains 2 per round trip and
+// falls behind; the default window grows while it drains and keeps goodput
+// at capacity.
+func TestDefaultWindowGrowsToDrainAStaleBacklog(t *testing.T) {
+	o := overload{workers: 1, cost: 2 * time.Millisecond, deadline: 100 * time.Millisecond, load: 10, dur: 2 * time.Second, rtt: time.Millisecond}
+	r := o.run(t)
+	t.Logf("default window: goodput %.0f/s of %.0f/s, window limit now %d of %d, peak %d", r.goodput, r.capacity, r.stats.Window.Limit, r.stats.WindowMessages, r.stats.Window.Peak)
+	if r.goodput < 0.97*r.capacity || r.wasted > 0 {
+		t.Errorf("default window: goodput %.0f/s (%.0f%%), %d wasted", r.goodput, 100*r.goodput/r.capacity, r.wasted)
+	}
+	if r.stats.WindowMessages != consumer.DefaultDrainWindow || r.stats.Window.Peak <= 2 {
+		t.Errorf("window bound %d, peak %d: want %d and more than 2", r.stats.WindowMessages, r.stats.Window.Peak, consumer.DefaultDrainWindow)
+	}
+	o.route = func(r *consumer.Route) { r.Window.Messages = 2 }
+	fixed := o.run(t)
+	t.Logf("window of 2: goodput %.0f/s of %.0f/s", fixed.goodput, fixed.capacity)
+	if fixed.goodput > 0.5*fixed.capacity {
+		t.Errorf("a window of 2 kept %.0f/s: the test does not exercise the drain", fixed.goodput)
+	}
+}
+
+// Without drops the default window stays at twice the workers, and it
+// comes back there after an overload.
+func TestDefaultWindowStaysSmallWithoutDrops(t *testing.T) {
+	o := overload{workers: 4, cost: 20 * time.Millisecond, deadline: 500 * time.Millisecond, load: 0.8, dur: 2 * time.Second, rtt: time.Millisecond}
+	r := o.run(t)
+	if r.stats.Window.Peak > 8 || r.stats.Window.Limit != 8 {
+		t.Errorf("at 0.8×: window peak %d, limit %d; want at most 8", r.stats.Window.Peak, r.stats.Window.Limit)
+	}
 }

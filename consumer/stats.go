@@ -124,8 +124,9 @@ type WindowStats struct {
 	// Peak and PeakBytes are the most ever held at once.
 	Peak      int
 	PeakBytes int64
-	// Limit is the message limit in force: Window.Messages, or what the
-	// route's AdaptiveLimit set.
+	// Limit is the message limit in force: Window.Messages, what the
+	// route's AdaptiveLimit set, or what the default window found
+	// (WindowPolicy.Messages).
 	Limit int
 	// Adaptive reports whether Limit is driven by an AdaptiveLimit.
 	Adaptive bool
