@@ -333,7 +333,6 @@ func (s *Source) start(g *kafka.Generation) {
 	// gen.ctx, a plain cancel context the commit loop cancels when the
 	// generation ends: a context derived from kafka-go's generation context
 	// costs a goroutine per request.
-	s.buf.setShares(len(gen.parts))
 	lanes := 1
 	if n := len(gen.parts); n >= fetchLanes && n%fetchLanes == 0 {
 		// Lanes of unequal size would serve the smaller one's partitions
@@ -341,6 +340,14 @@ func (s *Source) start(g *kafka.Generation) {
 		// the one a broker lets exceed its share, in turn).
 		lanes = fetchLanes
 	}
+	// Two lanes compete for the prefetch: cap each partition at its share
+	// of the slots, or one lane can crowd the other out. One lane is fair
+	// by rotation alone, and a cap would only make it drop and re-fetch.
+	shares := 1
+	if lanes > 1 {
+		shares = len(gen.parts)
+	}
+	s.buf.setShares(shares)
 	for lane := range lanes {
 		var parts []*partition
 		for i := lane; i < len(gen.parts); i += lanes {
