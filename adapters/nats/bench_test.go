@@ -34,8 +34,10 @@ import (
 //     ack, one round trip per message on a worker): the fair baseline for
 //     sluice's default, which also knows every ack landed.
 //   - BenchmarkConsumeSluice: a route over adapters/nats with the default
-//     (server-confirmed, pipelined) acks.
-//   - BenchmarkConsumeSluiceAsyncAck: the same route with AckAsync (the
+//     settlement (ConfirmReply: pipelined, each answered by the server).
+//   - BenchmarkConsumeSluiceFlush: the same route with ConfirmFlush
+//     (plain acks, each batch confirmed by a PING/PONG).
+//   - BenchmarkConsumeSluicePlainAck: the same route with ConfirmNone (the
 //     plain Ack of the raw benchmark).
 //
 // Compare them as interleaved pairs (see docs/benchmarks.md):
@@ -201,23 +203,25 @@ func benchRaw(b *testing.B, size, workers int) {
 // DoubleAck baseline has 8 workers too); the others show scaling.
 var benchWorkers = []int{1, 4, 8, 16, 64}
 
-func BenchmarkConsumeSluice(b *testing.B) { benchSluiceAll(b, false) }
+func BenchmarkConsumeSluice(b *testing.B) { benchSluiceAll(b, natsadapter.ConfirmReply) }
 
-func BenchmarkConsumeSluiceAsyncAck(b *testing.B) { benchSluiceAll(b, true) }
+func BenchmarkConsumeSluiceFlush(b *testing.B) { benchSluiceAll(b, natsadapter.ConfirmFlush) }
 
-func benchSluiceAll(b *testing.B, async bool) {
+func BenchmarkConsumeSluicePlainAck(b *testing.B) { benchSluiceAll(b, natsadapter.ConfirmNone) }
+
+func benchSluiceAll(b *testing.B, mode natsadapter.ConfirmMode) {
 	for _, size := range benchSizes {
 		for _, w := range benchWorkers {
-			b.Run(fmt.Sprintf("size=%d/workers=%d", size, w), func(b *testing.B) { benchSluice(b, size, w, async) })
+			b.Run(fmt.Sprintf("size=%d/workers=%d", size, w), func(b *testing.B) { benchSluice(b, size, w, mode) })
 		}
 	}
 }
 
-func benchSluice(b *testing.B, size, workers int, async bool) {
+func benchSluice(b *testing.B, size, workers int, mode natsadapter.ConfirmMode) {
 	_, js := benchJetStream(b)
 	ctx, name, _ := benchStream(b, js, b.N, size)
 	src, err := natsadapter.NewSourceFor(ctx, js, name, jetstream.ConsumerConfig{Durable: "sluice"},
-		natsadapter.SourceOptions{AckAsync: async})
+		natsadapter.SourceOptions{Confirm: mode})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -20,9 +20,7 @@ type delivery struct {
 	src *Source
 	gen uint32 // src.gen when delivered
 	p   pendingSettle
-	// wait receives the settlement's outcome while settleWait blocks for
-	// it; pending says the route awaits it through consumer.Confirm.
-	wait    chan error
+	// pending says the route awaits the outcome through consumer.Confirm.
 	pending bool
 }
 
@@ -76,7 +74,7 @@ func (d *delivery) settle(ctx context.Context, k settleKind, delay time.Duration
 		d.src.delayed.add(time.Now().Add(delay).UnixNano())
 	}
 	d.p = pendingSettle{subj: d.m.Reply, body: settleBody(k, delay, reason), kind: k,
-		confirm: !d.src.opts.AckAsync, d: d}
+		confirm: d.src.opts.Confirm != ConfirmNone, d: d}
 	d.src.set.settle(ctx, &d.p)
 }
 
@@ -90,33 +88,17 @@ func (d *delivery) settled(err error) {
 	if err != nil && !d.p.confirm {
 		d.src.c.settleErrors.Add(1)
 	}
-	switch {
-	case d.wait != nil:
-		d.wait <- err
-	case d.pending:
+	if d.pending {
 		consumer.Confirm(&d.msg, err)
 	}
 }
 
-// settleWait settles d and, in the confirmed mode, waits for the server's
-// answer. With AckAsync the settlement is queued for the writer and counts
-// as done (a publish error is counted in SourceStats.SettleErrors).
-func (d *delivery) settleWait(ctx context.Context, k settleKind, delay time.Duration, reason string) error {
-	if d.src.opts.AckAsync {
-		d.settle(ctx, k, delay, reason)
-		return nil
-	}
-	d.wait = make(chan error, 1)
-	d.settle(ctx, k, delay, reason)
-	return <-d.wait
-}
-
-// Settle implements consumer.Acker. With AckAsync the settlement is queued
-// for the writer and counts as done. Otherwise it is pipelined: queued for
-// the writer, and the server's answer reaches the route through
-// consumer.Confirm (Settle returns consumer.ErrPending), so no worker waits
-// for it while the message keeps its window slot. A Term carries its
-// reason into the server's advisory.
+// Settle implements consumer.Acker. The settlement is queued for the
+// Source's writer and Settle returns at once: with ConfirmNone it counts
+// as done (nil); otherwise Settle returns consumer.ErrPending and the
+// confirmation reaches the route through consumer.Confirm, so no worker
+// and no fetch loop waits for a round trip while the message keeps its
+// window slot. A Term carries its reason into the server's advisory.
 func (d *delivery) Settle(ctx context.Context, s consumer.Settlement) error {
 	k := kindAck
 	switch s.Op {
@@ -125,7 +107,7 @@ func (d *delivery) Settle(ctx context.Context, s consumer.Settlement) error {
 	case consumer.SettleTerm:
 		k = kindTerm
 	}
-	if d.src.opts.AckAsync {
+	if d.src.opts.Confirm == ConfirmNone {
 		d.settle(ctx, k, s.Delay, s.Reason)
 		return nil
 	}

@@ -25,12 +25,13 @@ import (
 // faultRig is a server on a fixed port and store dir, so it can be
 // restarted under a connected client, plus a reconnecting client.
 type faultRig struct {
-	mu   sync.Mutex
-	srv  *server.Server
-	dir  string
-	port int
-	nc   *nats.Conn
-	js   jetstream.JetStream
+	confirm natsadapter.ConfirmMode // of the Sources faultRun makes
+	mu      sync.Mutex
+	srv     *server.Server
+	dir     string
+	port    int
+	nc      *nats.Conn
+	js      jetstream.JetStream
 }
 
 func newFaultRig(t *testing.T) *faultRig {
@@ -77,6 +78,13 @@ func (r *faultRig) restart(t *testing.T, down time.Duration) {
 	r.srv = s
 }
 
+// forEachConfirm runs test once per confirmed settlement mode.
+func forEachConfirm(t *testing.T, test func(*testing.T, natsadapter.ConfirmMode)) {
+	for _, m := range []natsadapter.ConfirmMode{natsadapter.ConfirmReply, natsadapter.ConfirmFlush} {
+		t.Run(m.String(), func(t *testing.T) { test(t, m) })
+	}
+}
+
 // faultRun consumes n published messages while fault runs once after
 // `after` handled messages, and checks that every message was handled
 // and the consumer ends with nothing pending. It returns the duplicates.
@@ -95,7 +103,7 @@ func faultRunWith(t *testing.T, r *faultRig, n, after int, fault func(), withSou
 	}
 	publish(t, ctx, r.js, n)
 	const window = 32
-	src, err := natsadapter.NewSourceFor(ctx, r.js, "WORK", jetstream.ConsumerConfig{Durable: "fault", AckWait: 2 * time.Second}, natsadapter.SourceOptions{PollWait: 200 * time.Millisecond, AckTimeout: time.Second})
+	src, err := natsadapter.NewSourceFor(ctx, r.js, "WORK", jetstream.ConsumerConfig{Durable: "fault", AckWait: 2 * time.Second}, natsadapter.SourceOptions{PollWait: 200 * time.Millisecond, AckTimeout: time.Second, Confirm: r.confirm})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,21 +156,33 @@ func faultRunWith(t *testing.T, r *faultRig, n, after int, fault func(), withSou
 	return dup.Load(), c.Stats()[0]
 }
 
-func TestServerRestartMidStream(t *testing.T) {
+func TestServerRestartMidStream(t *testing.T) { forEachConfirm(t, testServerRestartMidStream) }
+
+func testServerRestartMidStream(t *testing.T, mode natsadapter.ConfirmMode) {
 	r := newFaultRig(t)
+	r.confirm = mode
 	const n = 3000
 	dups, s := faultRun(t, r, n, 1000, func() { r.restart(t, 300*time.Millisecond) })
-	// Acks in flight when the server went down are lost (DoubleAck reports
-	// it), so those messages come back after AckWait: duplicates, bounded
-	// by what was in flight.
+	// Settlements in flight when the server went down are re-sent after
+	// the reconnect. With ConfirmReply one that still does not land is
+	// reported (a settle error), so every duplicate is accounted for; with
+	// ConfirmFlush the PONG only says the server read an ack, and acks read
+	// while the restarted server had not loaded its consumer yet are lost
+	// unreported: duplicates, bounded by what was in flight.
 	t.Logf("restart: duplicates %d, settle errors %d, fetch errors %d, fetched %d", dups, s.Errors.Settle, s.Errors.Fetch, s.Fetched)
 	if dups > 2*32 {
 		t.Fatalf("%d duplicates, more than two windows", dups)
 	}
+	if mode == natsadapter.ConfirmReply && dups > int64(s.Errors.Settle) {
+		t.Fatalf("%d duplicates but %d settle errors: a settlement counted confirmed did not land", dups, s.Errors.Settle)
+	}
 }
 
-func TestClientDisconnectMidBatch(t *testing.T) {
+func TestClientDisconnectMidBatch(t *testing.T) { forEachConfirm(t, testClientDisconnectMidBatch) }
+
+func testClientDisconnectMidBatch(t *testing.T, mode natsadapter.ConfirmMode) {
 	r := newFaultRig(t)
+	r.confirm = mode
 	const n = 3000
 	dups, s := faultRun(t, r, n, 1000, func() {
 		cid, err := r.nc.GetClientID()
@@ -188,6 +208,10 @@ func TestClientDisconnectMidBatch(t *testing.T) {
 // the reconnect and confirmed: the message is neither lost nor counted
 // settled twice.
 func TestServerKilledBetweenAckAndReply(t *testing.T) {
+	forEachConfirm(t, testServerKilledBetweenAckAndReply)
+}
+
+func testServerKilledBetweenAckAndReply(t *testing.T, mode natsadapter.ConfirmMode) {
 	r := newFaultRig(t)
 	proxy, err := natstest.NewProxy("127.0.0.1:" + strconv.Itoa(r.port))
 	if err != nil {
@@ -231,7 +255,7 @@ func TestServerKilledBetweenAckAndReply(t *testing.T) {
 	if err := r.nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	src, err := natsadapter.NewSourceFor(ctx, js, "WORK", jetstream.ConsumerConfig{Durable: "kill", AckWait: 3 * time.Second}, natsadapter.SourceOptions{PollWait: 200 * time.Millisecond, AckTimeout: 2 * time.Second})
+	src, err := natsadapter.NewSourceFor(ctx, js, "WORK", jetstream.ConsumerConfig{Durable: "kill", AckWait: 3 * time.Second}, natsadapter.SourceOptions{PollWait: 200 * time.Millisecond, AckTimeout: 2 * time.Second, Confirm: mode})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -495,6 +519,10 @@ func TestDelayedNaksRaiseMaxAckPending(t *testing.T) {
 // ErrAckUnconfirmed and is counted as a settle error, not as a confirmed
 // settlement (the server did get it here, so nothing is redelivered).
 func TestUnansweredAckIsNotConfirmed(t *testing.T) {
+	forEachConfirm(t, testUnansweredAckIsNotConfirmed)
+}
+
+func testUnansweredAckIsNotConfirmed(t *testing.T, mode natsadapter.ConfirmMode) {
 	r := newFaultRig(t)
 	proxy, err := natstest.NewProxy("127.0.0.1:" + strconv.Itoa(r.port))
 	if err != nil {
@@ -516,7 +544,7 @@ func TestUnansweredAckIsNotConfirmed(t *testing.T) {
 		t.Fatal(err)
 	}
 	publish(t, ctx, r.js, 1)
-	src, err := natsadapter.NewSourceFor(ctx, js, "WORK", jetstream.ConsumerConfig{Durable: "mute", AckWait: 5 * time.Second}, natsadapter.SourceOptions{PollWait: 100 * time.Millisecond, AckTimeout: 200 * time.Millisecond})
+	src, err := natsadapter.NewSourceFor(ctx, js, "WORK", jetstream.ConsumerConfig{Durable: "mute", AckWait: 5 * time.Second}, natsadapter.SourceOptions{PollWait: 100 * time.Millisecond, AckTimeout: 200 * time.Millisecond, Confirm: mode})
 	if err != nil {
 		t.Fatal(err)
 	}

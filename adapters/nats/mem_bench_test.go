@@ -82,7 +82,7 @@ func benchBacklogHeap(b *testing.B, backlog int) {
 				}
 			}
 		}
-		src, err := natsadapter.NewSourceFor(ctx, js, name, jetstream.ConsumerConfig{Durable: "mem"}, natsadapter.SourceOptions{AckAsync: true})
+		src, err := natsadapter.NewSourceFor(ctx, js, name, jetstream.ConsumerConfig{Durable: "mem"}, natsadapter.SourceOptions{Confirm: natsadapter.ConfirmNone})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -95,10 +95,12 @@ func runUntil(t *testing.T, c *consumer.Consumer, timeout time.Duration, cond fu
 	}
 }
 
-func TestLedgerNothingLost(t *testing.T) {
+func TestLedgerNothingLost(t *testing.T) { forEachConfirm(t, testLedgerNothingLost) }
+
+func testLedgerNothingLost(t *testing.T, mode natsadapter.ConfirmMode) {
 	const n = 10000
 	ctx, js := setup(t, n)
-	src, err := natsadapter.NewSourceFor(ctx, js, "WORK", jetstream.ConsumerConfig{Durable: "ledger", AckWait: 10 * time.Second}, natsadapter.SourceOptions{PollWait: 200 * time.Millisecond})
+	src, err := natsadapter.NewSourceFor(ctx, js, "WORK", jetstream.ConsumerConfig{Durable: "ledger", AckWait: 10 * time.Second}, natsadapter.SourceOptions{PollWait: 200 * time.Millisecond, Confirm: mode})
 	if err != nil {
 		t.Fatal(err)
 	}

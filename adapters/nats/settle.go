@@ -99,6 +99,11 @@ type settler struct {
 	nc      *nats.Conn
 	timeout time.Duration
 	resends int
+	// flush: confirm by a PING after each batch of plain settlements
+	// (ConfirmFlush) instead of a reply per settlement.
+	flush bool
+	// flushed is the writer's batch awaiting its PONG (writer only).
+	flushed []*pendingSettle
 
 	mu      sync.Mutex
 	queue   []*pendingSettle
@@ -116,8 +121,8 @@ type settler struct {
 	resent, unconfirmed atomic.Uint64
 }
 
-func newSettler(nc *nats.Conn, timeout time.Duration) *settler {
-	return &settler{nc: nc, timeout: timeout, resends: 2, pending: map[uint64]*pendingSettle{}}
+func newSettler(nc *nats.Conn, timeout time.Duration, flush bool) *settler {
+	return &settler{nc: nc, timeout: timeout, resends: 2, flush: flush, pending: map[uint64]*pendingSettle{}}
 }
 
 // sweepEvery is how often outstanding confirmations are checked for a
@@ -136,7 +141,7 @@ func (s *settler) settle(ctx context.Context, p *pendingSettle) {
 		return
 	}
 	if p.confirm {
-		if s.sub == nil {
+		if s.sub == nil && !s.flush {
 			if err := s.subscribeLocked(); err != nil {
 				s.mu.Unlock()
 				p.d.settled(err)
@@ -193,8 +198,12 @@ func (s *settler) write() {
 				p.d.settled(s.publishErr(s.nc.Publish(p.subj, p.body)))
 				continue
 			}
-			reply := inbox + "." + strconv.FormatUint(p.id, 36)
-			err := s.nc.PublishRequest(p.subj, reply, p.body)
+			var err error
+			if s.flush {
+				err = s.nc.Publish(p.subj, p.body)
+			} else {
+				err = s.nc.PublishRequest(p.subj, inbox+"."+strconv.FormatUint(p.id, 36), p.body)
+			}
 			s.mu.Lock()
 			if _, ok := s.pending[p.id]; !ok {
 				// Completed meanwhile (a reply to an earlier send, the
@@ -210,8 +219,41 @@ func (s *settler) write() {
 			}
 			p.sentAt, p.conns = now, conns
 			s.mu.Unlock()
+			if s.flush {
+				s.flushed = append(s.flushed, p)
+			}
+		}
+		if len(s.flushed) > 0 {
+			s.confirmFlushed()
 		}
 	}
+}
+
+// confirmFlushed waits for the server's PONG to a PING sent after the
+// batch in s.flushed and completes the batch's settlements: the server has
+// read them. Meanwhile new settlements queue up for the next batch. When
+// the PONG does not come (timeout, a lost connection), they stay pending
+// for the sweep, which re-sends them.
+func (s *settler) confirmFlushed() {
+	b := s.flushed
+	err := s.nc.FlushTimeout(s.timeout)
+	if err == nil {
+		s.mu.Lock()
+		n := 0
+		for _, p := range b {
+			if s.pending[p.id] == p {
+				delete(s.pending, p.id)
+				b[n] = p
+				n++
+			}
+		}
+		s.mu.Unlock()
+		for _, p := range b[:n] {
+			p.d.settled(nil)
+		}
+	}
+	clear(b)
+	s.flushed = b[:0]
 }
 
 func (s *settler) publishErr(err error) error {
@@ -248,8 +290,16 @@ func (s *settler) reply(m *nats.Msg) {
 	if err != nil {
 		return
 	}
+	rerr := replyErr(m)
 	s.mu.Lock()
 	p, ok := s.pending[id]
+	if ok && rerr != nil && m.Header.Get("Status") == "503" && p.kind != kindNak && p.resends < s.resends && !p.sentAt.IsZero() {
+		// No consumer took it: right after a server restart the consumer
+		// may not be loaded yet. Let the next sweep send it again.
+		p.sentAt = time.Now().Add(-s.timeout)
+		s.mu.Unlock()
+		return
+	}
 	if ok {
 		delete(s.pending, id)
 	}
@@ -257,7 +307,7 @@ func (s *settler) reply(m *nats.Msg) {
 	if !ok {
 		return // an answer to a re-sent settlement that was already completed
 	}
-	p.d.settled(replyErr(m))
+	p.d.settled(rerr)
 }
 
 // replyErr reads the server's answer to a settlement: empty on success, a

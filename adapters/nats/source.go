@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,13 +21,9 @@ type SourceOptions struct {
 	// 1 s. Once a message is there, Fetch returns what the server has at
 	// that moment without waiting for the batch to fill.
 	PollWait time.Duration
-	// AckAsync settles with plain acks instead of server-confirmed ones:
-	// the settlement is written and the window slot returned without
-	// waiting for the server's answer. A settlement lost on the way is
-	// not noticed (the message is redelivered after AckWait, a duplicate).
-	// The confirmed default is pipelined, so it costs no worker a round
-	// trip; AckAsync saves the server's replies.
-	AckAsync bool
+	// Confirm says how the Source learns that the server has a
+	// settlement (see ConfirmMode); the zero value is ConfirmReply.
+	Confirm ConfirmMode
 	// KeyHeader names the header whose value becomes Message.Key, the key
 	// that orders messages on a keyed route. "" (the default) means the
 	// subject is the key; a message without the named header also gets
@@ -39,6 +36,46 @@ type SourceOptions struct {
 	// unless the settlement landed after all). After a reconnect,
 	// outstanding settlements are re-sent at once. 0 means 5 s.
 	AckTimeout time.Duration
+}
+
+// ConfirmMode says how a Source learns that the server has a settlement
+// (Ack, Nak, Term). Until it does, the message keeps its window slot.
+// Every mode is pipelined: workers and the fetch loop hand settlements to
+// the Source's writer and go on.
+type ConfirmMode int8
+
+const (
+	// ConfirmReply (the default) sends each settlement with a reply
+	// subject on the Source's own inbox; the server answers once its
+	// consumer has processed it, and an error (the consumer is gone) comes
+	// back as such. The strongest confirmation, and the costliest: the
+	// server sends one reply per message.
+	ConfirmReply ConfirmMode = iota
+	// ConfirmFlush sends settlements as plain acks and follows each batch
+	// with a PING on the connection: the server's PONG confirms it has
+	// read every settlement before it (they are in the consumer's ack
+	// queue). A settlement lost with a connection is noticed and re-sent
+	// like with ConfirmReply, at the cost of one round trip per batch
+	// instead of one reply per message; what the server does with an ack
+	// it has read (none, when the consumer is gone or the account may not
+	// publish to $JS.ACK) is not reported.
+	ConfirmFlush
+	// ConfirmNone sends plain acks and counts them done once queued: a
+	// settlement lost on the way is not noticed (the message is
+	// redelivered after AckWait, a duplicate).
+	ConfirmNone
+)
+
+func (m ConfirmMode) String() string {
+	switch m {
+	case ConfirmReply:
+		return "reply"
+	case ConfirmFlush:
+		return "flush"
+	case ConfirmNone:
+		return "none"
+	}
+	return "ConfirmMode(" + strconv.Itoa(int(m)) + ")"
 }
 
 // ErrPull wraps a pull request the server refused for a reason other than
@@ -136,7 +173,7 @@ type SourceStats struct {
 	// AcksUnconfirmed counts settlements completed with
 	// ErrAckUnconfirmed.
 	AcksUnconfirmed uint64
-	// SettleErrors counts unconfirmed (AckAsync) settlements the
+	// SettleErrors counts unconfirmed (ConfirmNone) settlements the
 	// connection refused to send.
 	SettleErrors uint64
 	// DelayedNaks is how many deliveries this Source nak'd with a delay
@@ -189,6 +226,9 @@ func NewSource(js jetstream.JetStream, cons jetstream.Consumer, opts SourceOptio
 	if opts.PollWait < 10*time.Millisecond {
 		return nil, fmt.Errorf("%w: PollWait %v is below 10ms", consumer.ErrInvalidOption, opts.PollWait)
 	}
+	if opts.Confirm < ConfirmReply || opts.Confirm > ConfirmNone {
+		return nil, fmt.Errorf("%w: Confirm %v", consumer.ErrInvalidOption, opts.Confirm)
+	}
 	if opts.AckTimeout < 0 {
 		return nil, fmt.Errorf("%w: AckTimeout %v is negative", consumer.ErrInvalidOption, opts.AckTimeout)
 	}
@@ -225,7 +265,7 @@ func NewSource(js jetstream.JetStream, cons jetstream.Consumer, opts SourceOptio
 		stream:   info.Stream,
 		name:     info.Name,
 		next:     prefix + "CONSUMER.MSG.NEXT." + info.Stream + "." + info.Name,
-		set:      newSettler(nc, opts.AckTimeout),
+		set:      newSettler(nc, opts.AckTimeout, opts.Confirm == ConfirmFlush),
 		infoAt:   time.Now(),
 		ackFloor: info.AckFloor.Stream,
 	}, nil

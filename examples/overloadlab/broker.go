@@ -400,7 +400,7 @@ func (q *natsQueue) flush(ctx context.Context) int {
 func (q *natsQueue) source(ctx context.Context, o srcOpts) (consumer.Source, error) {
 	var so natsadapter.SourceOptions
 	if o.tuned {
-		so = natsadapter.SourceOptions{PollWait: 100 * time.Millisecond, AckAsync: true}
+		so = natsadapter.SourceOptions{PollWait: 100 * time.Millisecond, Confirm: natsadapter.ConfirmNone}
 	}
 	cfg := jetstream.ConsumerConfig{Durable: "sluice"}
 	if o.tuned {
