@@ -153,3 +153,17 @@ func ExamplePressureFrom() {
 	// high (saturated,dropping)
 	// cached answer
 }
+
+// A ResourceMonitor reads the process's own CPU (its container's cgroup,
+// else /proc/self/stat), GC share, scheduler latency and heap against
+// GOMEMLIMIT; consumer.Options.Resource takes it, so routes cap their
+// windows while the process is over its CPU target, sheddable routes first.
+func ExampleResourceMonitor() {
+	m, err := backpressure.NewResourceMonitor(backpressure.ResourceOptions{CPUTarget: 0.8})
+	if err != nil {
+		panic(err)
+	}
+	time.Sleep(300 * time.Millisecond) // one sampling interval
+	u := m.Usage()
+	fmt.Printf("CPU %.0f%% of %.1f cores (%s), GC %.0f%%, pressure %.2f\n", 100*u.CPU, u.Cores, u.Source, 100*u.GC, m.Pressure())
+}

@@ -321,6 +321,19 @@ type Options struct {
 	ShutdownGrace time.Duration
 	// Budget is an optional process-wide byte budget above route windows.
 	Budget *backpressure.Budget
+	// Resource, if set, is the process's resource pressure (typically a
+	// backpressure.ResourceMonitor: CPU against a target share of the
+	// cores, GC, scheduler latency, heap against GOMEMLIMIT). While it is
+	// at or over its target every route lowers a cap on its window's
+	// message limit each 250 ms (multiplicatively, the lower its class the
+	// more: Sheddable ×0.5, SheddablePlus ×0.7, Critical ×0.8,
+	// CriticalPlus ×0.9), so a CPU-bound handler runs with only as much
+	// concurrency as the target allows and sheddable routes give way
+	// first; below 90% of the target the cap grows back by one per
+	// interval. The messages a route does not take wait in the broker. It
+	// also raises the routes' pressure (backpressure.CauseResource). nil
+	// means none.
+	Resource backpressure.ResourceSignal
 }
 
 // ShutdownSlack is what Run may take past Options.ShutdownGrace: handlers

@@ -61,8 +61,13 @@ type route struct {
 	// so a handler inherits its message's class without an allocation.
 	classCtx [4]context.Context
 	limit    atomic.Int64 // the AdaptiveLimit value last applied to the window
-	limitMu  sync.Mutex   // serializes applying the AdaptiveLimit to the window
-	fill     float64      // fetched / asked of the last throttled fetch (fetch loop only)
+	limitMu  sync.Mutex   // serializes setting the window's limit (see setLimit)
+	// baseLimit is the limit the window or its controllers want, resCap
+	// the resource cap (0: none); under limitMu.
+	baseLimit int
+	resCap    int
+	resource  backpressure.ResourceSignal // Options.Resource
+	fill      float64                     // fetched / asked of the last throttled fetch (fetch loop only)
 
 	failMu   sync.Mutex
 	failures map[dlq.Origin]failure // messages being retried or awaiting a dead letter
@@ -78,8 +83,9 @@ func New(opts Options, routes ...Route) (*Consumer, error) {
 	if opts.ShutdownGrace < 0 || opts.LogInterval < 0 {
 		return nil, fmt.Errorf("%w: ShutdownGrace %v or LogInterval %v is negative", ErrInvalidOption, opts.ShutdownGrace, opts.LogInterval)
 	}
-	if isNil(opts.Clock) && opts.Clock != nil || isNil(opts.Observer) && opts.Observer != nil || isNil(opts.Hook) && opts.Hook != nil {
-		return nil, fmt.Errorf("%w: Clock, Observer or Hook is a typed nil", ErrInvalidOption)
+	if isNil(opts.Clock) && opts.Clock != nil || isNil(opts.Observer) && opts.Observer != nil || isNil(opts.Hook) && opts.Hook != nil ||
+		isNil(opts.Resource) && opts.Resource != nil {
+		return nil, fmt.Errorf("%w: Clock, Observer, Hook or Resource is a typed nil", ErrInvalidOption)
 	}
 	c := &Consumer{grace: opts.ShutdownGrace}
 	if c.grace == 0 {
@@ -126,7 +132,7 @@ func New(opts Options, routes ...Route) (*Consumer, error) {
 			d.hi = r.cfg.Window.Messages
 			d.lo = min(2*r.cfg.Workers, d.hi)
 			d.limit = d.lo
-			r.window.SetLimit(d.lo)
+			r.setLimit(d.lo)
 		}
 		c.routes = append(c.routes, r)
 	}
@@ -146,9 +152,11 @@ func newRoute(cfg Route, clock Clock, opts Options) (*route, error) {
 	r := &route{
 		cfg: cfg, retry: cfg.Retry, window: w, clock: clock,
 		expiryOn: cfg.Expiry.Enabled(), header: cfg.Expiry.HeaderName(),
-		queue:    newQueue(cfg.Overload.Queue.Order, cfg.Overload.Queue.DropWhenFull, cfg.Overload.Queue.MaxLength),
-		failures: map[dlq.Origin]failure{},
-		fill:     1,
+		queue:     newQueue(cfg.Overload.Queue.Order, cfg.Overload.Queue.DropWhenFull, cfg.Overload.Queue.MaxLength),
+		failures:  map[dlq.Origin]failure{},
+		fill:      1,
+		baseLimit: cfg.Window.Messages,
+		resource:  opts.Resource,
 	}
 	if r.expiryOn {
 		r.pred = newPredictor(cfg.Workers)
@@ -176,7 +184,7 @@ func newRoute(cfg Route, clock Clock, opts Options) (*route, error) {
 	}
 	if al := cfg.Overload.AdaptiveLimit; al != nil {
 		l := al.CapMax(cfg.Window.Messages)
-		w.SetLimit(l)
+		r.setLimit(l)
 		r.limit.Store(int64(l))
 	}
 	r.keepAlive = cfg.KeepAlive
@@ -254,6 +262,10 @@ func (r *route) stats() RouteStats {
 	o.ThrottleRefused = r.c.throttled.Load()
 	o.ExpiredEarly = r.c.expiredEarly.Load()
 	o.Pressure = r.pressure.Load()
+	o.ResourceCuts = r.c.resourceCuts.Load()
+	r.limitMu.Lock()
+	o.ResourceCap = r.resCap
+	r.limitMu.Unlock()
 	if r.pred != nil {
 		o.HandlerMean, o.HandlerP99, _ = r.pred.lat.estimate()
 	}
@@ -318,6 +330,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 		}()
 		if r.pred != nil {
 			reapers.Go(func() { r.reapLoop(runCtx) })
+		}
+		if r.resource != nil {
+			reapers.Go(func() { r.resourceLoop(runCtx, r.resource) })
 		}
 		for w := range r.cfg.Workers {
 			workers.Add(1)

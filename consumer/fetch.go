@@ -110,7 +110,7 @@ func (r *route) admitBatch(ctx context.Context, msgs []*Message) {
 	if r.drain.on {
 		old := r.drain.limit
 		if l := r.drain.observe(time.Now(), len(msgs), dropped); l != old {
-			r.window.SetLimit(l)
+			r.setLimit(l)
 		}
 	}
 }

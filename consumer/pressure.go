@@ -35,6 +35,9 @@ func (r *route) pressureSignals() backpressure.PressureSignals {
 	if t := r.cfg.Overload.Throttle; t != nil {
 		s.Throttle = t.Probability()
 	}
+	if r.resource != nil {
+		s.Resource = r.resource.Pressure()
+	}
 	if r.pred != nil {
 		if mean, _, ok := r.pred.lat.estimate(); ok {
 			s.QueueWait = mean * time.Duration(r.queue.len()) / time.Duration(r.cfg.Workers)

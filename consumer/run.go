@@ -166,7 +166,7 @@ func (r *route) feedback(now time.Time, latency time.Duration, err error) {
 			r.limitMu.Lock()
 			l = int64(a.Limit())
 			r.limit.Store(l)
-			r.window.SetLimit(int(l))
+			r.setLimitLocked(int(l))
 			r.limitMu.Unlock()
 		}
 	}

@@ -181,6 +181,11 @@ type OverloadStats struct {
 	// queue or when a worker picked them, because the route predicted they
 	// would finish after it (predictive expiry).
 	ExpiredEarly uint64
+	// ResourceCuts counts the intervals in which the process was over its
+	// resource target (Options.Resource) and the route lowered its
+	// window's cap; ResourceCap is that cap now (0: none in force).
+	ResourceCuts uint64
+	ResourceCap  int
 	// Pressure is what backpressure.PressureFrom tells the route's
 	// handlers: how pressed the route is, and why.
 	Pressure backpressure.Pressure
@@ -218,6 +223,7 @@ type counters struct {
 	budgetOut     atomic.Uint64
 	throttled     atomic.Uint64
 	expiredEarly  atomic.Uint64
+	resourceCuts  atomic.Uint64
 }
 
 // inflight is the set of messages a route holds, for keep-alive, the

@@ -96,6 +96,7 @@ type collector struct {
 	blocked, budgetBlocked, oldest *prometheus.Desc
 	shed, budgetOut, throttleP, throttled, adaptive   *prometheus.Desc
 	expiredEarly, pressure, pressureCause, handlerP99 *prometheus.Desc
+	resourceCap, resourceCuts                         *prometheus.Desc
 	outcomes                                          []consumer.Outcome
 	reasons                                           []consumer.ShedReason
 }
@@ -137,6 +138,8 @@ func newCollector(cl prometheus.Labels) *collector {
 		expiredEarly:  d("expired_early_total", "Messages settled as expired before their deadline because they were predicted to finish after it (predictive expiry); also in settled_total{outcome=\"expired\"}."),
 		pressure:      d("pressure_level", "How pressed the route is, as backpressure.PressureFrom tells its handlers: 0 normal, 1 elevated, 2 high."),
 		pressureCause: d("pressure_cause", "1 for each cause of the route's pressure level now, else 0.", "cause"),
+		resourceCap:   d("resource_cap_messages", "The cap the process's resource pressure (consumer.Options.Resource) puts on the route's window now; 0 when none binds."),
+		resourceCuts:  d("resource_cuts_total", "Intervals in which the process was over its resource target and the route lowered its window's cap."),
 		handlerP99:    d("handler_p99_seconds", "The 99th percentile of handler latency the route has learned from its recent runs on messages with a deadline (what predictive expiry uses); 0 before the first."),
 		outcomes:      consumer.Outcomes(),
 		reasons:       consumer.ShedReasons(),
@@ -153,7 +156,8 @@ func (c *collector) descs() []*prometheus.Desc {
 	return []*prometheus.Desc{c.fetched, c.settled, c.goodput, c.late, c.handlerErrors, c.panics,
 		c.malformed, c.badCrit, c.settleErrors, c.fetchErrors, c.dlqErrors, c.lastError, c.keepAlives, c.held,
 		c.inUseMsgs, c.limitMsgs, c.inUseBytes, c.limitBytes, c.peakMsgs, c.peakBytes, c.blocked, c.budgetBlocked, c.oldest,
-		c.shed, c.budgetOut, c.throttleP, c.throttled, c.adaptive, c.expiredEarly, c.pressure, c.pressureCause, c.handlerP99}
+		c.shed, c.budgetOut, c.throttleP, c.throttled, c.adaptive, c.expiredEarly, c.pressure, c.pressureCause, c.handlerP99,
+		c.resourceCap, c.resourceCuts}
 }
 
 // Describe implements prometheus.Collector.
@@ -227,5 +231,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.pressureCause, prometheus.GaugeValue, v, r.name, r.crit, cause.String())
 		}
 		gauge(c.handlerP99, o.HandlerP99.Seconds())
+		gauge(c.resourceCap, float64(o.ResourceCap))
+		cnt(c.resourceCuts, float64(o.ResourceCuts))
 	}
 }

@@ -13,6 +13,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/sluice-go/sluice/backpressure"
 )
 
 // cpuConfig is -mode cpu (issue 11, section 3): a CPU-bound handler, so
@@ -205,6 +207,7 @@ func cpuShare(samples []cpuSample, w window, cores float64) (mean, peak float64)
 // cpuRow is one consumer in cpu mode.
 type cpuRow struct {
 	kind            kind
+	label           string
 	capacity, good  float64
 	p50, p99        time.Duration
 	cpuMean, cpuMax float64
@@ -221,19 +224,38 @@ func runCPU(ctx context.Context, b broker, cfg config, rep *report, w io.Writer)
 	}
 	fmt.Fprintf(w, "overloadlab cpu: broker %s, %d workers × %v of CPU, %.1f cores available, deadline %v; capacity %.0f msg/s (nominal %.0f)\n",
 		b.name(), p.workers, p.spin, cores, cfg.deadline, capacity, cores/p.spin.Seconds())
+	type variant struct {
+		k        kind
+		label    string
+		resource bool
+	}
+	var vs []variant
 	for _, k := range cfg.kinds {
-		s := cfg.spec(fmt.Sprintf("cpu_%d", k), k, p.load*capacity)
+		vs = append(vs, variant{k, k.String(), false})
+		if k == sluiceMinimal {
+			vs = append(vs, variant{k, fmt.Sprintf("sluice minimal + resource signal (CPU target %.0f%%)", 100*p.target), true})
+		}
+	}
+	for i, v := range vs {
+		s := cfg.spec(fmt.Sprintf("cpu_%d", i), v.k, p.load*capacity)
 		s.workers, s.cost, s.duration, s.work = p.workers, p.spin, p.dur, wk
 		s.window, s.margin = cfg.windowFor(p.workers), cfg.marginFor(p.spin, cfg.deadline)
-		s.warmup = min(cfg.deadline+time.Second, p.dur/2)
+		s.warmup = min(cfg.deadline+2*time.Second, p.dur/2)
 		s.drain = 0
+		if v.resource {
+			m, err := backpressure.NewResourceMonitor(backpressure.ResourceOptions{CPUTarget: p.target})
+			if err != nil {
+				return err
+			}
+			s.resource = m
+		}
 		smp := startCPUSampler()
 		r, err := runTrial(ctx, b, s)
 		samples := smp.finish()
 		if err != nil {
-			return fmt.Errorf("cpu %v: %w", k, err)
+			return fmt.Errorf("cpu %v: %w", v.label, err)
 		}
-		row := cpuRow{kind: k, capacity: capacity, good: r.goodput, p50: r.p50, p99: r.p99, wasted: r.wasted}
+		row := cpuRow{kind: v.k, label: v.label, capacity: capacity, good: r.goodput, p50: r.p50, p99: r.p99, wasted: r.wasted}
 		row.cpuMean, row.cpuMax = cpuShare(samples, r.measureWindow(), cores)
 		rep.cpu = append(rep.cpu, row)
 	}
@@ -245,7 +267,7 @@ func cpuTable(rows []cpuRow, cfg config, cores float64) string {
 	header := []string{"consumer", "goodput", "% of capacity", "p50", "p99", "process CPU (mean)", "process CPU (busiest 1 s)", "wasted"}
 	var out [][]string
 	for _, r := range rows {
-		out = append(out, []string{r.kind.String(), rate(r.good), fmt.Sprintf("%.0f%%", 100*r.good/r.capacity), ms(r.p50), ms(r.p99),
+		out = append(out, []string{r.label, rate(r.good), fmt.Sprintf("%.0f%%", 100*r.good/r.capacity), ms(r.p50), ms(r.p99),
 			fmt.Sprintf("%.0f%%", 100*r.cpuMean), fmt.Sprintf("%.0f%%", 100*r.cpuMax), fmt.Sprint(r.wasted)})
 	}
 	return fmt.Sprintf("CPU-bound handler: %d workers × %v of CPU at %g× capacity, %.1f cores available, deadline %v; CPU as a share of the cores (producer included, broker not)\n"+

@@ -94,6 +94,8 @@ type trialSpec struct {
 	// keepRuns keeps every handler run in the result (result.runs), for
 	// modes that look at more than the summary.
 	keepRuns bool
+	// resource, when set, is the sluice consumer's Options.Resource.
+	resource backpressure.ResourceSignal
 }
 
 // phase is one stretch of constant offered load.

@@ -84,7 +84,11 @@ func startSluice(ctx context.Context, q queue, spec trialSpec, rec *recorder) (f
 	if spec.tune != nil {
 		spec.tune(&route)
 	}
-	c, err := consumer.New(consumer.Options{ShutdownGrace: time.Second, Observer: spec.observer}, route)
+	opts := consumer.Options{ShutdownGrace: time.Second, Observer: spec.observer}
+	if spec.resource != nil {
+		opts.Resource = spec.resource
+	}
+	c, err := consumer.New(opts, route)
 	if err != nil {
 		return nil, err
 	}

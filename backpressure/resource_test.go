@@ -1,0 +1,99 @@
+package backpressure
+
+import (
+	"os"
+	"path/filepath"
+	"runtime/metrics"
+	"testing"
+	"time"
+)
+
+func write(t *testing.T, file, text string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(file), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(file, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestResourceSources(t *testing.T) {
+	dir := t.TempDir()
+	// /proc/self/stat: the command may hold spaces and parentheses.
+	stat := filepath.Join(dir, "stat")
+	write(t, stat, "1234 (my (odd) cmd) S 1 1234 1234 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 9 0 100 0 0\n")
+	if d, ok := readProcStat(stat); !ok || d != 3*time.Second {
+		t.Errorf("proc stat: %v %v, want 3s (300 ticks)", d, ok)
+	}
+	cpuStat := filepath.Join(dir, "cpu.stat")
+	write(t, cpuStat, "usage_usec 1500000\nuser_usec 1000000\nsystem_usec 500000\n")
+	if d, ok := readCgroupUsage(cpuStat); !ok || d != 1500*time.Millisecond {
+		t.Errorf("cgroup usage: %v %v", d, ok)
+	}
+	for in, want := range map[string]float64{"150000 100000": 1.5, "max 100000": 0, "junk": 0} {
+		if got, _ := parseCPUMax(in); got != want {
+			t.Errorf("cpu.max %q: %v, want %v", in, got, want)
+		}
+	}
+	// A process in the root cgroup: its cpu.stat counts the machine, so
+	// none is used; in a container's own cgroup, cpu.stat and cpu.max are.
+	root := filepath.Join(dir, "cgroup")
+	write(t, filepath.Join(root, "cpu.stat"), "usage_usec 1\n")
+	self := filepath.Join(dir, "self-cgroup")
+	write(t, self, "0::/\n")
+	if f, _ := findCgroup(self, root); f != "" {
+		t.Errorf("root cgroup used: %s", f)
+	}
+	write(t, filepath.Join(root, "app", "cpu.max"), "150000 100000\n")
+	write(t, filepath.Join(root, "app", "cpu.stat"), "usage_usec 7\n")
+	write(t, self, "0::/app\n")
+	if f, cores := findCgroup(self, root); f != filepath.Join(root, "app", "cpu.stat") || cores > 1.5 {
+		t.Errorf("container cgroup: %s, %v cores", f, cores)
+	}
+}
+
+func TestResourceUsageAndPressure(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	a := resourceRaw{at: t0, cpu: time.Second, gcCPU: 1, totalCPU: 10,
+		sched: &metrics.Float64Histogram{Counts: []uint64{0, 0, 0}, Buckets: []float64{0, 0.001, 0.02, 0.1}}}
+	b := resourceRaw{at: t0.Add(time.Second), cpu: 2600 * time.Millisecond, gcCPU: 1.4, totalCPU: 11.6,
+		sched: &metrics.Float64Histogram{Counts: []uint64{90, 9, 1}, Buckets: []float64{0, 0.001, 0.02, 0.1}}}
+	u := usageBetween(a, b, 2)
+	if u.CPU != 0.8 || u.GC != 0.25 || u.SchedLatency != 20*time.Millisecond {
+		t.Fatalf("usage %+v", u)
+	}
+	o := ResourceOptions{CPUTarget: 0.8, GCTarget: 0.5, SchedLatencyTarget: 40 * time.Millisecond, MemoryTarget: 0.9}
+	if p := o.pressure(u); p != 1 {
+		t.Errorf("at the CPU target: pressure %v", p)
+	}
+	u.Memory = 0.99
+	if p := o.pressure(u); p < 1.0999 || p > 1.1001 {
+		t.Errorf("heap at 99%% of GOMEMLIMIT: pressure %v", p)
+	}
+	if _, err := NewResourceMonitor(ResourceOptions{CPUTarget: 1.5}); err == nil {
+		t.Error("a CPU target above 1 accepted")
+	}
+}
+
+// On this machine the monitor reads the process's own CPU.
+func TestResourceMonitorReadsThisProcess(t *testing.T) {
+	m, err := NewResourceMonitor(ResourceOptions{Interval: time.Nanosecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Usage()
+	x := uint64(1)
+	for end := time.Now().Add(50 * time.Millisecond); time.Now().Before(end); {
+		x ^= x << 13
+		x ^= x >> 7
+		x ^= x << 17
+	}
+	u := m.Usage()
+	if _, err := os.Stat("/proc/self/stat"); err == nil && (u.Source == "" || u.CPU <= 0) {
+		t.Errorf("usage after a busy loop: %+v (x %d)", u, x)
+	}
+	if u.Cores <= 0 {
+		t.Errorf("cores %v", u.Cores)
+	}
+}
