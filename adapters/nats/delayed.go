@@ -64,7 +64,10 @@ func initialDelayReserve(window int) int { return max(window, minDelayReserve) }
 
 // sizeAckPending raises the consumer's MaxAckPending when delayed naks
 // take half of the reserve above the window. It runs in the fetch loop,
-// before a pull; a failed update is tried again a second later.
+// before a pull; a failed update is tried again a second later, a
+// successful one may be followed by the next at once (the reserve at
+// least doubles each time, so a burst of delayed naks is covered in a few
+// steps).
 func (s *Source) sizeAckPending(ctx context.Context) {
 	if !s.autoAckPending {
 		return
@@ -78,18 +81,19 @@ func (s *Source) sizeAckPending(ctx context.Context) {
 	if !initial {
 		reserve = min(max(4*d, 2*s.reserve), maxDelayReserve)
 	}
-	s.sizeRetry = now.Add(time.Second)
 	uctx, cancel := context.WithTimeout(ctx, s.opts.PollWait)
 	defer cancel()
 	cons := s.Consumer()
 	info, err := cons.Info(uctx) // fresh: another process may have raised it
 	if err != nil {
+		s.sizeRetry = now.Add(time.Second)
 		return
 	}
 	cfg := info.Config
 	if need := s.window + reserve; cfg.MaxAckPending > 0 && cfg.MaxAckPending < need {
 		cfg.MaxAckPending = need
 		if cons, err = s.js.UpdateConsumer(uctx, s.stream, cfg); err != nil {
+			s.sizeRetry = now.Add(time.Second)
 			return
 		}
 		s.mu.Lock()
