@@ -125,4 +125,16 @@
 // Errors a route cannot return (fetch, settlement, dead-letter write) are
 // counted, kept as RouteStats.Errors.Last, and logged through
 // Options.Logger at a bounded rate.
+//
+// # Following each message
+//
+// Options.Hook follows every message through its route: Held when the
+// route takes it in (with the time the route waited for its window and its
+// Throttle before that fetch), then Events: the handler's start and end,
+// shed, the dead letter with its class, and exactly one EventSettled with
+// the outcome and what the broker was told. The context Held returns
+// becomes the handler's. Package otelsluice builds OpenTelemetry traces on
+// it; a logger or per-message metrics can use it the same way. Without a
+// Hook the route makes none of these calls (BenchmarkCorePath,
+// BenchmarkCorePathHook).
 package consumer
