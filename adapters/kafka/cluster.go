@@ -104,7 +104,11 @@ func (c *Cluster) acquire(topics ...string) kafka.RoundTripper {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.refs++
-	c.rt.c = c
+	if c.rt.c == nil {
+		// Once: later Sources share rt while earlier ones' requests read
+		// rt.c without the lock.
+		c.rt.c = c
+	}
 	c.useLocked(topics)
 	return &c.rt
 }
