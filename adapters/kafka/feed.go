@@ -262,6 +262,12 @@ func (r *record) Settle(ctx context.Context, s consumer.Settlement) error {
 // InProgress does nothing: Kafka has no per-message ack deadline.
 func (r *record) InProgress(context.Context) error { return nil }
 
+// Revoked implements consumer.Revocable: once the generation that
+// delivered r has ended (a rebalance began), the route does not start r;
+// the partition's next owner delivers it again from the final commit, so
+// it never runs here after a later message of its key ran there.
+func (r *record) Revoked() bool { return r.part.gen.ending.Load() }
+
 // nak puts the message back for another attempt without blocking its
 // partition: in process for delays up to LocalRetryMaxDelay, otherwise
 // (and when the buffer is full) through the retry topic if there is one.
@@ -277,7 +283,10 @@ func (r *record) nak(ctx context.Context, delay time.Duration) error {
 		return nil
 	}
 	now := s.clock.Now()
-	if s.retryW != nil && (delay > s.cfg.LocalRetryMaxDelay || s.buf.full(r)) {
+	// An ordered route naks only what it hands back (shutdown, revoke): in
+	// process it is dropped with the generation and read again from the
+	// commit, in order; a retry-topic copy would come back out of order.
+	if s.retryW != nil && s.limits.Ordering == consumer.Unordered && (delay > s.cfg.LocalRetryMaxDelay || s.buf.full(r)) {
 		if err := s.writeRetry(ctx, r, now, now.Add(delay)); err == nil {
 			s.stats.retryWrites.Add(1)
 			r.settle()
@@ -297,4 +306,7 @@ func (r *record) nak(ctx context.Context, delay time.Duration) error {
 	return nil
 }
 
-var _ consumer.Acker = (*record)(nil)
+var (
+	_ consumer.Acker     = (*record)(nil)
+	_ consumer.Revocable = (*record)(nil)
+)
