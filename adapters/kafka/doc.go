@@ -48,6 +48,21 @@
 // backwards. This avoids the kafka-go Reader behaviour of committing past
 // unfinished work when handlers complete out of order (kafka-go #202, #764).
 //
+// Completed work is not redone: each commit's metadata carries a map of the
+// offsets settled above the commit point (run-length ranges, DEFLATE when
+// that is shorter, base64; within Kafka's default offset.metadata.max.bytes
+// of 4 KiB, keeping as many ranges as fit). The Source that is assigned the
+// partition next (after a restart or a rebalance) reads the map with the
+// committed offset and passes over the records it lists
+// (Stats.SkippedSettled). So one message retried for a while holds the
+// commit point back without making everything after it run again: a
+// graceful stop or a rebalance re-runs no settled message when the map
+// fits, and a crash (SIGKILL) re-runs at most what was settled since the
+// last commit (about one CommitInterval). Metadata another client or an
+// older sluice wrote, or a map for another offset, reads as a plain
+// commit point. A broker that refuses the metadata as too large gets the
+// plain commit points. The replay LetterSource keeps its map the same way.
+//
 // # Rebalances
 //
 // The Source runs on kafka-go's ConsumerGroup and Generation API. When a
@@ -55,11 +70,26 @@
 // waits up to RevokeGrace for the messages already handed out, commits the
 // watermarks once more inside the old generation, and then drops any later
 // settlement: nothing is committed for a partition it no longer owns or
-// with a stale generation (kafka-go #1308, #1398). The price is duplicates:
-// messages settled after RevokeGrace, and settled messages above an
-// unsettled one, are delivered again to the partition's next owner, since
-// the group protocol (eager rebalancing) revokes every partition on each
-// rebalance.
+// with a stale generation (kafka-go #1308, #1398). The route starts none of
+// the ended generation's messages meanwhile (they are consumer.Revocable):
+// it hands them back, and the next owner delivers them again from that
+// final commit. The price is duplicates of messages still running when
+// RevokeGrace ends (their settlement is dropped), since the group protocol
+// (eager rebalancing) revokes every partition on each rebalance; settled
+// messages above an unsettled one are in the commit's map and not redone.
+//
+// # Ordered routes
+//
+// A route with consumer.ByKey or consumer.ByPartition keeps a key's (a
+// partition's) messages in offset order in process, retrying in place.
+// Across a rebalance, Kafka's assignment gives a partition, and so each key
+// (Kafka's partitioner puts a key in one partition), to one member at a
+// time; the old owner starts nothing of the ended generation and commits
+// before the new owner starts, so the new owner continues each key where
+// the old one stopped, in order. A handler still running when RevokeGrace
+// ends may overlap the new owner's run of the same key: keep RevokeGrace
+// above the longest handler run of an ordered route. The Source never
+// sends an ordered route's messages to the retry topic.
 //
 // # Retries
 //

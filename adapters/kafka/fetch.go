@@ -320,6 +320,13 @@ func (s *feed) readRecords(p *partition, rp *fetchAPI.ResponsePartition, now tim
 				skip = max(skip, kr.Offset+1)
 				continue
 			}
+			if p.wm.Skip(kr.Offset) {
+				// Settled by a previous owner (its commit's map): passed
+				// over like a marker.
+				skip = max(skip, kr.Offset+1)
+				s.stats.skippedSettled.Add(1)
+				continue
+			}
 			r, err := s.convert(p, kr, now)
 			if err != nil {
 				return out, skip, err

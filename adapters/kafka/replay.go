@@ -76,61 +76,9 @@ type replayPart struct {
 	meta      string // last committed metadata (settled offsets above it)
 	handed    []int64
 	settled   map[int64]bool
-	skip      map[int64]bool // settled by an earlier pass above its commit
+	skip      settledSet // settled by an earlier pass above its commit (settled.go)
 	exhausted bool
 	got       []kafka.Message // fetched, not handed out yet
-}
-
-// settledPrefix starts the commit metadata that lists the offsets above a
-// partition's committed offset already settled (republished, parked): a
-// failed letter holds the commit back, and without the list the next pass
-// would republish everything after it again.
-const settledPrefix = "sluice-settled:"
-
-// maxSettledMeta keeps the metadata under Kafka's default
-// offset.metadata.max.bytes (4096); offsets past it are not recorded (a
-// resumed pass republishes those: at-least-once).
-const maxSettledMeta = 3000
-
-// encodeSettled lists offs (sorted, all > mark) as deltas from mark.
-func encodeSettled(mark int64, offs []int64) string {
-	if len(offs) == 0 {
-		return ""
-	}
-	var b strings.Builder
-	b.WriteString(settledPrefix)
-	prev := mark
-	for i, o := range offs {
-		d := strconv.FormatInt(o-prev, 10)
-		if b.Len()+len(d)+1 > maxSettledMeta {
-			break
-		}
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(d)
-		prev = o
-	}
-	return b.String()
-}
-
-// decodeSettled reads encodeSettled's list; junk yields nothing.
-func decodeSettled(mark int64, meta string) map[int64]bool {
-	rest, ok := strings.CutPrefix(meta, settledPrefix)
-	if !ok || rest == "" {
-		return nil
-	}
-	out := map[int64]bool{}
-	prev := mark
-	for _, f := range strings.Split(rest, ",") {
-		d, err := strconv.ParseInt(f, 10, 64)
-		if err != nil || d <= 0 || len(out) > maxSettledMeta {
-			return nil
-		}
-		prev += d
-		out[prev] = true
-	}
-	return out
 }
 
 var (
@@ -323,10 +271,9 @@ func (s *LetterSource) readPart(ctx context.Context, p *replayPart, n int) ([]*d
 		}
 		p.next = m.Offset + 1
 		p.handed = append(p.handed, m.Offset)
-		if p.skip[m.Offset] {
+		if p.skip.has(m.Offset) {
 			// Settled by an earlier pass: passed over, not handed out again.
 			p.settled[m.Offset] = true
-			delete(p.skip, m.Offset)
 			s.mu.Unlock()
 			continue
 		}
@@ -432,18 +379,14 @@ func (s *LetterSource) Commit(ctx context.Context) error {
 			mark = p.handed[0] // the first letter not settled yet
 		}
 		// Settled above the mark: recorded, so a later pass skips them.
-		var above []int64
+		var done []int64
 		for _, o := range p.handed {
 			if p.settled[o] {
-				above = append(above, o)
+				done = append(done, o)
 			}
 		}
-		for o := range p.skip {
-			if o > mark {
-				above = append(above, o) // an earlier pass's, not read yet
-			}
-		}
-		slices.Sort(above)
+		// An earlier pass's, not read yet, stay recorded too.
+		above := union(rangesOf(done), p.skip.from(max(p.next, mark+1)))
 		meta := encodeSettled(mark, above)
 		if mark > p.committed || (mark == p.committed && meta != p.meta) {
 			commits = append(commits, kafka.OffsetCommit{Partition: p.id, Offset: mark, Metadata: meta})

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/protocol/offsetcommit"
 
 	"github.com/sluice-go/sluice/consumer"
 )
@@ -85,7 +86,7 @@ type partition struct {
 type counters struct {
 	fetched, fetchRequests, settled, fetchErrors, commits, commitErrors, staleSettles, dropped,
 	localRetries, retryWrites, retryWriteErrors, generations, fenced,
-	retryClamped, retryOriginRefused atomic.Int64
+	retryClamped, retryOriginRefused, skippedSettled, mapsRestored atomic.Int64
 }
 
 // Stats is a snapshot of a Source's counters.
@@ -115,7 +116,12 @@ type Stats struct {
 	// RetryOriginRefused counts retry-topic records naming an origin topic
 	// the Source does not read: the header was ignored.
 	RetryOriginRefused int64
-	Generations        int64
+	// SkippedSettled counts records passed over because the commit they
+	// were assigned with lists them as settled (completed work not redone
+	// after a restart or rebalance); MapsRestored the partitions whose
+	// commit carried such a map.
+	SkippedSettled, MapsRestored int64
+	Generations                  int64
 	// Buffered and BufferedBytes are what the Source holds now, outside the
 	// route's window; PeakBytes the most it held (reservations included).
 	Buffered      int
@@ -203,6 +209,7 @@ func (s *feed) snapshot() Stats {
 		LocalRetries: s.stats.localRetries.Load(), RetryWrites: s.stats.retryWrites.Load(),
 		RetryWriteErrors: s.stats.retryWriteErrors.Load(), Generations: s.stats.generations.Load(),
 		RetryClamped: s.stats.retryClamped.Load(), RetryOriginRefused: s.stats.retryOriginRefused.Load(),
+		SkippedSettled: s.stats.skippedSettled.Load(), MapsRestored: s.stats.mapsRestored.Load(),
 		Generation: -1,
 	}
 	if s.attached.Load() {
@@ -323,6 +330,7 @@ func (s *Source) start(g *kafka.Generation) {
 		}
 	}
 	slices.SortFunc(gen.parts, func(a, b *partition) int { return cmp.Or(strings.Compare(a.topic, b.topic), a.id-b.id) })
+	s.restoreSettled(gen)
 	if old := s.cur.Swap(gen); old != nil {
 		old.ending.Store(true)
 	}
@@ -398,27 +406,54 @@ func (s *Source) commitLoop(ctx context.Context, g *generation) {
 	}
 }
 
+// commitTimeout bounds one commit request, the final one of a generation
+// included (its generation's context has ended by then).
+const commitTimeout = 10 * time.Second
+
+// commit commits, within g, each partition's commit point that moved, or
+// whose map of settled offsets above it changed, with that map in the
+// commit's metadata (Watermark.CommitMetadata). A broker that refuses the
+// metadata as too large (offset.metadata.max.bytes set below the 4 KiB
+// default) gets the plain commit points instead.
 func (s *Source) commit(g *generation) {
-	offsets := map[string]map[int]int64{}
-	type done struct {
-		p   *partition
-		off int64
+	type mark struct {
+		p    *partition
+		off  int64
+		meta string
 	}
-	var marks []done
+	var marks []mark
 	for _, p := range g.parts {
-		if off, ok := p.wm.Commit(); ok {
-			if offsets[p.topic] == nil {
-				offsets[p.topic] = map[int]int64{}
-			}
-			offsets[p.topic][p.id] = off
-			marks = append(marks, done{p, off})
+		if off, meta, ok := p.wm.CommitMetadata(); ok {
+			marks = append(marks, mark{p, off, meta})
 		}
 	}
 	if len(marks) == 0 {
 		return
 	}
 	g.settled.Store(0)
-	if err := g.g.CommitOffsets(offsets); err != nil {
+	req := func(plain bool) *offsetcommit.Request {
+		r := &offsetcommit.Request{GroupID: g.g.GroupID, GenerationID: g.id, MemberID: g.g.MemberID}
+		for _, m := range marks {
+			if n := len(r.Topics); n == 0 || r.Topics[n-1].Name != m.p.topic {
+				r.Topics = append(r.Topics, offsetcommit.RequestTopic{Name: m.p.topic})
+			}
+			t := &r.Topics[len(r.Topics)-1]
+			meta := m.meta
+			if plain {
+				meta = ""
+			}
+			t.Partitions = append(t.Partitions, offsetcommit.RequestPartition{PartitionIndex: int32(m.p.id),
+				CommittedOffset: m.off, CommittedLeaderEpoch: -1, CommittedMetadata: meta})
+		}
+		return r
+	}
+	err := s.commitRequest(req(false))
+	plain := false
+	if errors.Is(err, kafka.OffsetMetadataTooLarge) {
+		plain = true
+		err = s.commitRequest(req(true))
+	}
+	if err != nil {
 		s.stats.commitErrors.Add(1)
 		if errors.Is(err, kafka.IllegalGeneration) || errors.Is(err, kafka.UnknownMemberId) || errors.Is(err, kafka.FencedInstanceID) {
 			s.stats.fenced.Add(1)
@@ -426,11 +461,86 @@ func (s *Source) commit(g *generation) {
 		s.errorf("kafka source: commit generation %d: %v", g.id, err)
 		return
 	}
+	offsets := map[string]map[int]int64{}
 	for _, m := range marks {
-		m.p.wm.Committed(m.off)
+		if plain {
+			m.meta = ""
+		}
+		m.p.wm.CommittedMetadata(m.off, m.meta)
+		if offsets[m.p.topic] == nil {
+			offsets[m.p.topic] = map[int]int64{}
+		}
+		offsets[m.p.topic][m.p.id] = m.off
 	}
 	s.stats.commits.Add(1)
 	if s.cfg.OnCommit != nil {
 		s.cfg.OnCommit(g.id, offsets)
+	}
+}
+
+// commitRequest sends req to the group's coordinator and returns the
+// request's error or the first partition's.
+func (s *Source) commitRequest(req *offsetcommit.Request) error {
+	ctx, cancel := context.WithTimeout(context.Background(), commitTimeout)
+	defer cancel()
+	m, err := s.client.Transport.RoundTrip(ctx, s.client.Addr, req)
+	if err != nil {
+		return err
+	}
+	for _, t := range m.(*offsetcommit.Response).Topics {
+		for _, p := range t.Partitions {
+			if p.ErrorCode != 0 {
+				return fmt.Errorf("%s/%d: %w", t.Name, p.PartitionIndex, kafka.Error(p.ErrorCode))
+			}
+		}
+	}
+	return nil
+}
+
+// restoreSettled reads the metadata of the commits g's partitions start
+// from and restores their maps of settled offsets, so the records a
+// previous owner settled above its commit are passed over. Without it
+// (the request failed) nothing is lost: those records are handed out
+// again.
+func (s *Source) restoreSettled(g *generation) {
+	ids := map[string][]int{}
+	byKey := map[topicPartition]*partition{}
+	for _, p := range g.parts {
+		if p.offset >= 0 {
+			ids[p.topic] = append(ids[p.topic], p.id)
+			byKey[topicPartition{p.topic, p.id}] = p
+		}
+	}
+	if len(ids) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, commitTimeout)
+	defer cancel()
+	var res *kafka.OffsetFetchResponse
+	err := whileCoordinatorMoves(ctx, func() error {
+		var ferr error
+		res, ferr = s.client.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: s.cfg.GroupID, Topics: ids})
+		if ferr == nil && coordinatorMoving(res.Error) {
+			return res.Error
+		}
+		return ferr
+	})
+	if err == nil {
+		err = res.Error
+	}
+	if err != nil {
+		s.errorf("kafka source: reading the settled maps of group %s: %v", s.cfg.GroupID, err)
+		return
+	}
+	for topic, ps := range res.Topics {
+		for _, r := range ps {
+			p := byKey[topicPartition{topic, r.Partition}]
+			if p == nil || r.Error != nil || r.CommittedOffset != p.offset || r.Metadata == "" {
+				continue // moved since the assignment was read: start plain
+			}
+			if p.wm.Restore(p.offset, r.Metadata) > 0 {
+				s.stats.mapsRestored.Add(1)
+			}
+		}
 	}
 }

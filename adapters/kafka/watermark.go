@@ -3,6 +3,7 @@ package kafkaadapter
 import (
 	"sort"
 	"sync"
+	"sync/atomic"
 )
 
 // Watermark tracks one partition's delivered offsets and which of them are
@@ -15,6 +16,11 @@ import (
 // Deliver offsets in increasing order; Settle them in any order. The zero
 // value is not usable: create it with NewWatermark. It is safe for
 // concurrent use.
+//
+// Offsets settled above the commit point are what a restart or rebalance
+// would redo: CommitMetadata encodes them as a compact map for the commit's
+// metadata, and Restore (on the next owner) takes the map back, so that
+// Skip passes over what was settled.
 type Watermark struct {
 	mu        sync.Mutex
 	offs      []int64 // delivered, ascending; offs[head:] are live
@@ -23,6 +29,10 @@ type Watermark struct {
 	next      int64 // one past the last delivered offset; -1 before the first
 	committed int64 // last commit point handed out by Commit; -1 none
 	pending   int   // delivered, not settled
+
+	meta       string       // metadata of the last commit (Committed)
+	restored   settledSet   // settled by a previous owner, above its commit (Restore)
+	restoredHi atomic.Int64 // one past the last restored offset; 0: none (Skip's fast path)
 }
 
 // NewWatermark returns a tracker with nothing delivered.
@@ -124,7 +134,13 @@ func (w *Watermark) point() (int64, bool) {
 	if w.head < len(w.offs) {
 		return w.offs[w.head], true
 	}
-	return w.next, w.next >= 0
+	p := w.next
+	if p >= 0 && len(w.restored) > 0 && w.restored.has(p) {
+		// Everything delivered is settled, and so are the next offsets, by
+		// a previous owner: commit past them.
+		p = w.restored.from(p)[0].hi
+	}
+	return p, p >= 0
 }
 
 // Pending returns how many delivered offsets are not settled.
@@ -150,9 +166,105 @@ func (w *Watermark) Commit() (int64, bool) {
 
 // Committed records that offset was committed.
 func (w *Watermark) Committed(offset int64) {
+	w.CommittedMetadata(offset, "")
+}
+
+// CommitMetadata is Commit with the commit's metadata: the map of the
+// offsets settled above the commit point (see Restore), or "" when there
+// are none. It reports true also when only the map changed since the last
+// commit (a stuck offset holds the point while later ones settle). Call
+// CommittedMetadata after the broker accepted it.
+func (w *Watermark) CommitMetadata() (offset int64, meta string, ok bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.committed = max(w.committed, offset)
+	p, ok := w.point()
+	if !ok || p < w.committed {
+		return 0, "", false
+	}
+	meta = encodeSettled(p, w.settledAbove(p))
+	if p == w.committed && meta == w.meta {
+		return 0, "", false
+	}
+	return p, meta, true
+}
+
+// settledAbove returns the offsets above the commit point p that are
+// settled: between p and the next offset to deliver, all but the delivered
+// ones not settled (what was never delivered below it does not exist);
+// from there on, what Restore said. w.mu held.
+func (w *Watermark) settledAbove(p int64) settledSet {
+	var s settledSet
+	from := p + 1
+	for i := w.head; i < len(w.offs); i++ {
+		if o := w.offs[i]; !w.done[i] && o > p {
+			s = s.add(from, o)
+			from = o + 1
+		}
+	}
+	if from < w.next {
+		s = s.add(from, w.next)
+	}
+	for _, r := range w.restored.from(max(w.next, p+1)) {
+		s = s.add(r.lo, r.hi)
+	}
+	return s
+}
+
+// CommittedMetadata records that offset was committed with meta.
+func (w *Watermark) CommittedMetadata(offset int64, meta string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if offset >= w.committed {
+		w.committed, w.meta = offset, meta
+	}
+	w.prune(offset)
+}
+
+// Restore takes back the map a previous owner committed with offset (its
+// commit's metadata, see CommitMetadata), before anything is delivered:
+// Skip then reports the offsets it lists as settled, and the commit point
+// and map keep them until they are passed. Metadata without a map for
+// offset (another client's, an older sluice's) restores nothing. It returns
+// how many offsets it restored.
+func (w *Watermark) Restore(offset int64, meta string) int64 {
+	s := decodeSettled(offset, meta)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(s) == 0 || w.next >= 0 || len(w.offs) > 0 {
+		return 0
+	}
+	w.restored = s
+	w.restoredHi.Store(s[len(s)-1].hi)
+	w.committed, w.meta = max(w.committed, offset), meta
+	n := int64(0)
+	for _, r := range s {
+		n += r.hi - r.lo
+	}
+	return n
+}
+
+// Skip reports whether offset was settled by a previous owner (Restore):
+// the caller passes over it instead of delivering it.
+func (w *Watermark) Skip(offset int64) bool {
+	if offset >= w.restoredHi.Load() {
+		return false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.restored.has(offset)
+}
+
+// prune forgets restored offsets below offset, which every commit from
+// now on passes. w.mu held.
+func (w *Watermark) prune(offset int64) {
+	if len(w.restored) == 0 {
+		return
+	}
+	w.restored = w.restored.from(offset)
+	if len(w.restored) == 0 {
+		w.restored = nil
+		w.restoredHi.Store(0)
+	}
 }
 
 // LastCommitted returns the highest committed offset, -1 when none.
