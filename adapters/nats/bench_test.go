@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -103,13 +104,30 @@ func benchStream(b *testing.B, js jetstream.JetStream, n, size int) (context.Con
 type cpuMeter struct {
 	self, srv time.Duration
 	writes    int64
+	prof      *os.File
 }
 
 func (c *cpuMeter) start(b *testing.B) {
 	c.self, c.srv, c.writes = selfCPU(), sharedServer(b).cpu(), selfWrites()
+	if f := os.Getenv("SLUICE_BENCH_CPUPROFILE"); f != "" {
+		// A profile of the timed part only (the publishing before it
+		// would dominate -cpuprofile).
+		out, err := os.Create(f)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := pprof.StartCPUProfile(out); err != nil {
+			b.Fatal(err)
+		}
+		c.prof = out
+	}
 }
 
 func (c *cpuMeter) report(b *testing.B) {
+	if c.prof != nil {
+		pprof.StopCPUProfile()
+		_ = c.prof.Close()
+	}
 	self, srv := selfCPU()-c.self, sharedServer(b).cpu()
 	b.ReportMetric(float64(self.Nanoseconds())/float64(b.N), "cpu-ns/msg")
 	if w := selfWrites(); w >= 0 && c.writes >= 0 {

@@ -104,6 +104,8 @@ type settler struct {
 	flush bool
 	// flushed is the writer's batch awaiting its PONG (writer only).
 	flushed []*pendingSettle
+	// replyBuf builds reply subjects (writer only).
+	replyBuf []byte
 
 	mu      sync.Mutex
 	queue   []*pendingSettle
@@ -202,7 +204,9 @@ func (s *settler) write() {
 			if s.flush {
 				err = s.nc.Publish(p.subj, p.body)
 			} else {
-				err = s.nc.PublishRequest(p.subj, inbox+"."+strconv.FormatUint(p.id, 36), p.body)
+				// One allocation for the reply subject: <inbox>.<id base 36>.
+				s.replyBuf = strconv.AppendUint(append(append(s.replyBuf[:0], inbox...), '.'), p.id, 36)
+				err = s.nc.PublishRequest(p.subj, string(s.replyBuf), p.body)
 			}
 			s.mu.Lock()
 			if _, ok := s.pending[p.id]; !ok {
