@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -72,46 +73,48 @@ func TestAdaptiveCapMax(t *testing.T) {
 // settlements bring the count under the new limit, then resumes one slot at
 // a time; raising it wakes a waiter at once.
 func TestWindowSetLimitBelowInUse(t *testing.T) {
-	w, _ := NewWindow(8, 1<<20)
-	for range 6 {
-		if !w.TryAcquire(1, 10) {
-			t.Fatal("acquire")
+	synctest.Test(t, func(t *testing.T) {
+		w, _ := NewWindow(8, 1<<20)
+		for range 6 {
+			if !w.TryAcquire(1, 10) {
+				t.Fatal("acquire")
+			}
 		}
-	}
-	if l := w.SetLimit(2); l != 2 {
-		t.Fatalf("limit %d", l)
-	}
-	if m, b := w.Free(); m != 0 || b != 0 || w.TryAcquire(1, 1) {
-		t.Fatalf("free %d/%d after lowering below in use", m, b)
-	}
-	for range 4 {
-		w.Release(1, 10)
-	}
-	if m, _ := w.InUse(); m != 2 || w.TryAcquire(1, 1) {
-		t.Fatalf("in use %d: admitted at the limit", m)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	got := make(chan int, 1)
-	go func() {
-		n, _, err := w.WaitFreeAtLeast(ctx, 4)
-		if err != nil {
-			n = -1
+		if l := w.SetLimit(2); l != 2 {
+			t.Fatalf("limit %d", l)
 		}
-		got <- n
-	}()
-	time.Sleep(10 * time.Millisecond)
-	w.SetLimit(100) // clamped to 8: 6 free
-	if n := <-got; n != 6 {
-		t.Fatalf("woken with %d free, want 6", n)
-	}
-	if w.Limit() != 8 {
-		t.Fatalf("limit %d", w.Limit())
-	}
-	w.Release(2, 20)
-	if m, b := w.InUse(); m != 0 || b != 0 {
-		t.Fatalf("in use %d/%d", m, b)
-	}
+		if m, b := w.Free(); m != 0 || b != 0 || w.TryAcquire(1, 1) {
+			t.Fatalf("free %d/%d after lowering below in use", m, b)
+		}
+		for range 4 {
+			w.Release(1, 10)
+		}
+		if m, _ := w.InUse(); m != 2 || w.TryAcquire(1, 1) {
+			t.Fatalf("in use %d: admitted at the limit", m)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		got := make(chan int, 1)
+		go func() {
+			n, _, err := w.WaitFreeAtLeast(ctx, 4)
+			if err != nil {
+				n = -1
+			}
+			got <- n
+		}()
+		synctest.Wait() // the waiter is blocked
+		w.SetLimit(100) // clamped to 8: 6 free
+		if n := <-got; n != 6 {
+			t.Fatalf("woken with %d free, want 6", n)
+		}
+		if w.Limit() != 8 {
+			t.Fatalf("limit %d", w.Limit())
+		}
+		w.Release(2, 20)
+		if m, b := w.InUse(); m != 0 || b != 0 {
+			t.Fatalf("in use %d/%d", m, b)
+		}
+	})
 }
 
 // Throttle.DoAt and Retrier.Now: the time-dependent decisions of Do take

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -422,29 +423,31 @@ func TestSlotsPriorityAndHeadroom(t *testing.T) {
 }
 
 func TestWindowSetLimit(t *testing.T) {
-	w := mustWindow(t, 8, 1000)
-	if w.SetLimit(2) != 2 || w.Limit() != 2 {
-		t.Fatal("SetLimit")
-	}
-	if !w.TryAcquire(1, 1) || !w.TryAcquire(1, 1) || w.TryAcquire(1, 1) {
-		t.Fatal("limit 2 not enforced")
-	}
-	got := make(chan int, 1)
-	go func() { n, _, _ := w.WaitFreeAtLeast(context.Background(), 4); got <- n }()
-	time.Sleep(5 * time.Millisecond)
-	w.SetLimit(100) // clamped to 8, wakes the waiter
-	if n := <-got; n != 6 {
-		t.Fatalf("free %d, want 6", n)
-	}
-	if w.Limit() != 8 || w.SetLimit(0) != 1 {
-		t.Fatal("clamp")
-	}
-	// A limit below the low-water mark must not wait forever.
-	w.Release(2, 2)
-	n, _, err := w.WaitFreeAtLeast(context.Background(), 4)
-	if err != nil || n != 1 {
-		t.Fatalf("free %d (%v) with limit 1 and nothing held, want 1", n, err)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		w := mustWindow(t, 8, 1000)
+		if w.SetLimit(2) != 2 || w.Limit() != 2 {
+			t.Fatal("SetLimit")
+		}
+		if !w.TryAcquire(1, 1) || !w.TryAcquire(1, 1) || w.TryAcquire(1, 1) {
+			t.Fatal("limit 2 not enforced")
+		}
+		got := make(chan int, 1)
+		go func() { n, _, _ := w.WaitFreeAtLeast(context.Background(), 4); got <- n }()
+		synctest.Wait() // the waiter is blocked
+		w.SetLimit(100) // clamped to 8, wakes the waiter
+		if n := <-got; n != 6 {
+			t.Fatalf("free %d, want 6", n)
+		}
+		if w.Limit() != 8 || w.SetLimit(0) != 1 {
+			t.Fatal("clamp")
+		}
+		// A limit below the low-water mark must not wait forever.
+		w.Release(2, 2)
+		n, _, err := w.WaitFreeAtLeast(context.Background(), 4)
+		if err != nil || n != 1 {
+			t.Fatalf("free %d (%v) with limit 1 and nothing held, want 1", n, err)
+		}
+	})
 }
 
 // After an overload ends, both limits ramp back one step per interval (no

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -117,32 +118,39 @@ func TestAcquireImpossibleRefusesAtOnce(t *testing.T) {
 }
 
 func TestOversizeAdmittedAloneNoDeadlock(t *testing.T) {
-	w := mustWindow(t, 10, 100)
-	if !w.TryAcquire(1, 10) {
-		t.Fatal("small")
-	}
-	if w.TryAcquire(1, 500) {
-		t.Fatal("oversize admitted while window not empty")
-	}
-	done := make(chan error, 1)
-	go func() { done <- w.Acquire(context.Background(), 1, 500) }()
-	time.Sleep(10 * time.Millisecond)
-	w.Release(1, 10)
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatal(err)
+	synctest.Test(t, func(t *testing.T) {
+		w := mustWindow(t, 10, 100)
+		if !w.TryAcquire(1, 10) {
+			t.Fatal("small")
 		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("oversized message deadlocked")
-	}
-	if w.TryAcquire(1, 1) {
-		t.Fatal("admitted alongside the oversized message")
-	}
-	w.Release(1, 500)
-	if n, b := w.InUse(); n != 0 || b != 0 {
-		t.Fatalf("in use %d/%d", n, b)
-	}
+		if w.TryAcquire(1, 500) {
+			t.Fatal("oversize admitted while window not empty")
+		}
+		done := make(chan error, 1)
+		go func() { done <- w.Acquire(context.Background(), 1, 500) }()
+		synctest.Wait() // the Acquire is waiting
+		select {
+		case <-done:
+			t.Fatal("oversize admitted while the window was not empty")
+		default:
+		}
+		w.Release(1, 10)
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("oversized message deadlocked")
+		}
+		if w.TryAcquire(1, 1) {
+			t.Fatal("admitted alongside the oversized message")
+		}
+		w.Release(1, 500)
+		if n, b := w.InUse(); n != 0 || b != 0 {
+			t.Fatalf("in use %d/%d", n, b)
+		}
+	})
 }
 
 func TestReleaseMoreThanHeldPanics(t *testing.T) {

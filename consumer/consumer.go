@@ -285,8 +285,9 @@ func (r *route) stats() RouteStats {
 //     them while they still run here). Run then returns ErrStuckHandlers;
 //     those goroutines end when their handlers do.
 //  3. Settlements and dead-letter writes under way get a ctx that ends at
-//     ShutdownGrace + ShutdownSlack; settlements still unconfirmed then are
-//     abandoned (the broker may redeliver them).
+//     ShutdownGrace + ShutdownSlack/2; settlements still unconfirmed at
+//     ShutdownGrace + ShutdownSlack are abandoned (the broker may
+//     redeliver them).
 //
 // So Run returns within ShutdownGrace + ShutdownSlack of ctx's end,
 // whatever a handler, sink or broker does. It returns nil after a clean
@@ -356,8 +357,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 	for _, r := range c.routes {
 		r.stopping.Store(true)
 	}
-	// Settlements and dead-letter writes, wherever they run, end by hardEnd.
-	stopSettling := time.AfterFunc(time.Until(hardEnd), cancelSettle)
+	// Settlements and dead-letter writes, wherever they run, are told to
+	// end halfway through the slack, so they are done by hardEnd.
+	stopSettling := time.AfterFunc(time.Until(graceEnd.Add(ShutdownSlack/2)), cancelSettle)
 	defer stopSettling.Stop()
 
 	reapers.Wait()

@@ -84,8 +84,10 @@
 // message is not settled: settling it would let another consumer run it
 // while it still runs here) and Run returns ErrStuckHandlers. Settlements
 // and dead-letter writes get a ctx that ends at ShutdownGrace +
-// ShutdownSlack; a settlement the broker has not confirmed by then is
-// abandoned (RouteStats.Errors.Settle counts it). So Run returns within
+// ShutdownSlack/2; a settlement the broker has not confirmed by ShutdownGrace
+// + ShutdownSlack is abandoned (RouteStats.Errors.Settle counts it). A
+// handler cancelled by the shutdown that returns its ctx's error has its
+// message returned, not counted as a failure. So Run returns within
 // ShutdownGrace + ShutdownSlack, whatever a handler, sink or broker does.
 //
 // A settlement the broker refused or never confirmed is counted in

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/sluice-go/sluice/backpressure"
@@ -160,47 +161,55 @@ func TestStuckHandlerNotDeadLetteredAfterReturn(t *testing.T) {
 // within the grace. The slot freed after shutdown began must not start b's
 // message: it never started, so it is returned like a queued one.
 func TestSlotFreedAfterShutdownDoesNotStartWork(t *testing.T) {
-	slots, err := backpressure.NewSlots(1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srcA, srcB := sluicetest.NewSource(), sluicetest.NewSource()
-	release := make(chan struct{})
-	var ranB atomic.Int64
-	ra := route("a", srcA, func(ctx context.Context, m *consumer.Message) error {
-		<-release
-		return nil
+	synctest.Test(t, func(t *testing.T) {
+		slots, err := backpressure.NewSlots(1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		srcA, srcB := sluicetest.NewSource(), sluicetest.NewSource()
+		release := make(chan struct{})
+		var ranB atomic.Int64
+		ra := route("a", srcA, func(ctx context.Context, m *consumer.Message) error {
+			<-release
+			return nil
+		})
+		rb := route("b", srcB, func(ctx context.Context, m *consumer.Message) error {
+			ranB.Add(1)
+			return nil
+		})
+		ra.Workers, rb.Workers = 1, 1
+		ra.Overload.Criticality, rb.Overload.Criticality = backpressure.Critical, backpressure.Critical
+		ra.Overload.Slots, rb.Overload.Slots = slots, slots
+		c, err := consumer.New(consumer.Options{ShutdownGrace: 5 * time.Second}, ra, rb)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stop := start(t, c)
+		srcA.Publish("a0", []byte("x"), nil, time.Time{})
+		synctest.Wait()
+		if slots.InUse() != 1 {
+			t.Fatal("a does not hold the slot")
+		}
+		srcB.Publish("b0", []byte("x"), nil, time.Time{})
+		synctest.Wait()
+		if slots.Waited()[backpressure.Critical] != 1 {
+			t.Fatal("b does not wait for the slot")
+		}
+		errc := make(chan error, 1)
+		go func() { errc <- stop() }()
+		synctest.Wait() // shutdown under way: Run waits for a within the grace
+		close(release)
+		if err := <-errc; err != nil {
+			t.Fatal(err)
+		}
+		if n := ranB.Load(); n != 0 {
+			t.Fatalf("b's handler ran %d times after shutdown began", n)
+		}
+		sb := c.Stats()[1]
+		if sb.Settled[consumer.OutcomeReturned] != 1 || sb.Held != 0 || slots.InUse() != 0 {
+			t.Fatalf("b settled %v in flight %d, slots in use %d", sb.Settled, sb.Held, slots.InUse())
+		}
 	})
-	rb := route("b", srcB, func(ctx context.Context, m *consumer.Message) error {
-		ranB.Add(1)
-		return nil
-	})
-	ra.Workers, rb.Workers = 1, 1
-	ra.Overload.Criticality, rb.Overload.Criticality = backpressure.Critical, backpressure.Critical
-	ra.Overload.Slots, rb.Overload.Slots = slots, slots
-	c, err := consumer.New(consumer.Options{ShutdownGrace: 5 * time.Second}, ra, rb)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop := start(t, c)
-	srcA.Publish("a0", []byte("x"), nil, time.Time{})
-	eventually(t, "a holds the slot", func() bool { return slots.InUse() == 1 })
-	srcB.Publish("b0", []byte("x"), nil, time.Time{})
-	eventually(t, "b waits", func() bool { return slots.Waited()[backpressure.Critical] == 1 })
-	errc := make(chan error, 1)
-	go func() { errc <- stop() }()
-	time.Sleep(20 * time.Millisecond) // shutdown under way
-	close(release)
-	if err := <-errc; err != nil {
-		t.Fatal(err)
-	}
-	if n := ranB.Load(); n != 0 {
-		t.Fatalf("b's handler ran %d times after shutdown began", n)
-	}
-	sb := c.Stats()[1]
-	if sb.Settled[consumer.OutcomeReturned] != 1 || sb.Held != 0 || slots.InUse() != 0 {
-		t.Fatalf("b settled %v in flight %d, slots in use %d", sb.Settled, sb.Held, slots.InUse())
-	}
 }
 
 // Shutdown with a full local queue (LIFO order, queue shedding): the
@@ -210,56 +219,60 @@ func TestSlotFreedAfterShutdownDoesNotStartWork(t *testing.T) {
 func TestShutdownReturnsLocalQueue(t *testing.T) {
 	for _, drop := range []consumer.DropPolicy{consumer.DropNewest, consumer.DropOldest, consumer.DropRandom, consumer.DropLowestCriticality} {
 		t.Run(fmt.Sprint(drop), func(t *testing.T) {
-			src := sluicetest.NewSource()
-			release := make(chan struct{})
-			var ran atomic.Int64
-			r := route("lq", src, func(ctx context.Context, m *consumer.Message) error {
-				if string(m.Key) == "m0" {
-					<-release
+			synctest.Test(t, func(t *testing.T) {
+				src := sluicetest.NewSource()
+				release := make(chan struct{})
+				var ran atomic.Int64
+				r := route("lq", src, func(ctx context.Context, m *consumer.Message) error {
+					if string(m.Key) == "m0" {
+						<-release
+						return nil
+					}
+					ran.Add(1)
 					return nil
+				})
+				r.Workers, r.Window.Messages, r.Window.MinFetch = 1, 32, 1
+				r.Overload.Queue.Order, r.Overload.Queue.DropWhenFull, r.Overload.Queue.MaxLength = consumer.QueueLIFO, drop, 10
+				r.Overload.OnShed = consumer.ShedAck
+				c, err := consumer.New(consumer.Options{ShutdownGrace: 5 * time.Second}, r)
+				if err != nil {
+					t.Fatal(err)
 				}
-				ran.Add(1)
-				return nil
+				stop := start(t, c)
+				src.Publish("m0", []byte("x"), nil, time.Time{})
+				synctest.Wait() // m0 runs (and waits for release)
+				for i := 1; i <= 20; i++ {
+					src.Publish(fmt.Sprintf("m%d", i), []byte("x"), nil, time.Time{})
+				}
+				synctest.Wait() // all fetched: 10 queued, 10 shed
+				if f := c.Stats()[0].Fetched; f != 21 {
+					t.Fatalf("fetched %d", f)
+				}
+				errc := make(chan error, 1)
+				go func() { errc <- stop() }()
+				synctest.Wait() // shutdown began: Run waits for m0 within the grace
+				close(release)
+				if err := <-errc; err != nil {
+					t.Fatal(err)
+				}
+				s := c.Stats()[0]
+				if ran.Load() != 0 {
+					t.Fatalf("%d queued messages ran after shutdown began", ran.Load())
+				}
+				if s.Settled[consumer.OutcomeSucceeded] != 1 || s.Settled[consumer.OutcomeShed] != 10 ||
+					s.Settled[consumer.OutcomeReturned] != 10 || settledTotal(s) != 21 || s.Held != 0 || s.Window.InUseBytes != 0 {
+					t.Fatalf("settled %v in flight %d/%d", s.Settled, s.Held, s.Window.InUseBytes)
+				}
+				ledger, errs := src.Ledger()
+				if len(errs) > 0 {
+					t.Fatal(errs)
+				}
+				for id, rec := range ledger {
+					if rec.Acks+rec.Naks+rec.Terms != 1 || rec.Pending {
+						t.Fatalf("%s %+v", id, rec)
+					}
+				}
 			})
-			r.Workers, r.Window.Messages, r.Window.MinFetch = 1, 32, 1
-			r.Overload.Queue.Order, r.Overload.Queue.DropWhenFull, r.Overload.Queue.MaxLength = consumer.QueueLIFO, drop, 10
-			r.Overload.OnShed = consumer.ShedAck
-			c, err := consumer.New(consumer.Options{ShutdownGrace: 5 * time.Second}, r)
-			if err != nil {
-				t.Fatal(err)
-			}
-			stop := start(t, c)
-			src.Publish("m0", []byte("x"), nil, time.Time{})
-			eventually(t, "m0 running", func() bool { return c.Stats()[0].Fetched == 1 && src.Queued() == 0 })
-			time.Sleep(5 * time.Millisecond)
-			for i := 1; i <= 20; i++ {
-				src.Publish(fmt.Sprintf("m%d", i), []byte("x"), nil, time.Time{})
-			}
-			eventually(t, "fetched", func() bool { return c.Stats()[0].Fetched == 21 })
-			errc := make(chan error, 1)
-			go func() { errc <- stop() }()
-			time.Sleep(10 * time.Millisecond)
-			close(release)
-			if err := <-errc; err != nil {
-				t.Fatal(err)
-			}
-			s := c.Stats()[0]
-			if ran.Load() != 0 {
-				t.Fatalf("%d queued messages ran after shutdown began", ran.Load())
-			}
-			if s.Settled[consumer.OutcomeSucceeded] != 1 || s.Settled[consumer.OutcomeShed] != 10 ||
-				s.Settled[consumer.OutcomeReturned] != 10 || settledTotal(s) != 21 || s.Held != 0 || s.Window.InUseBytes != 0 {
-				t.Fatalf("settled %v in flight %d/%d", s.Settled, s.Held, s.Window.InUseBytes)
-			}
-			ledger, errs := src.Ledger()
-			if len(errs) > 0 {
-				t.Fatal(errs)
-			}
-			for id, rec := range ledger {
-				if rec.Acks+rec.Naks+rec.Terms != 1 || rec.Pending {
-					t.Fatalf("%s %+v", id, rec)
-				}
-			}
 		})
 	}
 }

@@ -129,8 +129,33 @@ func TestOverloadLedgerProperty(t *testing.T) {
 				t.Fatal(err)
 			}
 			stop := start(t, c)
+			// 12.7: while it runs, no counter ever goes backwards or wraps.
+			sampled := make(chan struct{})
+			sampling := make(chan struct{})
+			go func() {
+				defer close(sampled)
+				prev := c.Stats()
+				for {
+					select {
+					case <-sampling:
+						return
+					case <-time.After(200 * time.Microsecond):
+					}
+					cur := c.Stats()
+					for i := range cur {
+						if msg := backwards(prev[i], cur[i]); msg != "" {
+							t.Errorf("route %d: %s", i, msg)
+							return
+						}
+					}
+					prev = cur
+				}
+			}()
 			time.Sleep(time.Duration(50+intn(150)) * time.Millisecond)
-			if err := stop(); err != nil && !(stuck && errors.Is(err, consumer.ErrStuckHandlers)) {
+			err = stop()
+			close(sampling)
+			<-sampled
+			if err != nil && !(stuck && errors.Is(err, consumer.ErrStuckHandlers)) {
 				t.Fatal(err)
 			}
 			if stuck {
@@ -148,17 +173,49 @@ func TestOverloadLedgerProperty(t *testing.T) {
 				if len(violations) > 0 {
 					t.Fatalf("route %d: %v", ri, violations[:min(5, len(violations))])
 				}
-				final := 0
+				final, pending := 0, 0
 				for id, rec := range ledger {
-					if rec.Pending || rec.Acks+rec.Terms > 1 || rec.Deliveries != rec.Acks+rec.Terms+rec.Naks {
+					if rec.Pending {
+						pending++ // abandoned to the broker at shutdown
+						if rec.Deliveries != rec.Acks+rec.Terms+rec.Naks+1 {
+							t.Fatalf("%s: %+v", id, rec)
+						}
+					} else if rec.Deliveries != rec.Acks+rec.Terms+rec.Naks {
+						t.Fatalf("%s: %+v", id, rec)
+					}
+					if rec.Acks+rec.Terms > 1 {
 						t.Fatalf("%s: %+v", id, rec)
 					}
 					final += rec.Acks + rec.Terms
 				}
-				if final+src.Queued() != n {
+				if uint64(pending) != s.Settled[consumer.OutcomeAbandoned] {
+					t.Fatalf("route %d: %d left pending, %d counted abandoned", ri, pending, s.Settled[consumer.OutcomeAbandoned])
+				}
+				if final+src.Queued()+pending != n {
 					t.Fatalf("route %d: %d settled for good + %d back in the broker != %d produced", ri, final, src.Queued(), n)
 				}
 			}
 		})
 	}
+}
+
+// backwards reports a counter of cur below prev, or goodput above
+// successes (a wrapped subtraction), as a message; "" when none.
+func backwards(prev, cur consumer.RouteStats) string {
+	for o := range cur.Settled {
+		if cur.Settled[o] < prev.Settled[o] {
+			return fmt.Sprintf("settled[%v] went from %d to %d", consumer.Outcome(o), prev.Settled[o], cur.Settled[o])
+		}
+	}
+	pairs := [][2]uint64{{prev.Fetched, cur.Fetched}, {prev.Late, cur.Late}, {prev.Errors.Handler, cur.Errors.Handler},
+		{prev.Errors.Settle, cur.Errors.Settle}, {prev.KeepAlives, cur.KeepAlives}, {prev.Overload.ThrottleRefused, cur.Overload.ThrottleRefused}}
+	for i, p := range pairs {
+		if p[1] < p[0] {
+			return fmt.Sprintf("counter %d went from %d to %d", i, p[0], p[1])
+		}
+	}
+	if cur.Goodput() > cur.Settled[consumer.OutcomeSucceeded] || cur.Fetched < settledTotal(cur) {
+		return fmt.Sprintf("goodput %d, succeeded %d, fetched %d, settled %d", cur.Goodput(), cur.Settled[consumer.OutcomeSucceeded], cur.Fetched, settledTotal(cur))
+	}
+	return ""
 }

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -260,66 +261,65 @@ func TestNestedDoNotRetryLayers(t *testing.T) {
 // backlog waits in the broker, and when capacity returns the pull recovers
 // with no reset.
 func TestThrottleSlowsThePull(t *testing.T) {
-	if testing.Short() {
-		t.Skip("timed load test")
-	}
-	th, _ := backpressure.NewThrottle(backpressure.ThrottleOptions{Window: time.Second, Buckets: 10})
-	backend := rate.NewLimiter(100, 10)
-	var calls, accepted atomic.Int64
-	src := sluicetest.NewSource()
-	src.HonorDelay = true
-	r := route("throttled", src, func(ctx context.Context, m *consumer.Message) error {
-		calls.Add(1)
-		if !backend.Allow() {
-			return backpressure.Overloaded(errors.New("429"))
+	synctest.Test(t, func(t *testing.T) {
+		th, _ := backpressure.NewThrottle(backpressure.ThrottleOptions{Window: time.Second, Buckets: 10})
+		backend := rate.NewLimiter(100, 10)
+		var calls, accepted atomic.Int64
+		src := sluicetest.NewSource()
+		src.HonorDelay = true
+		r := route("throttled", src, func(ctx context.Context, m *consumer.Message) error {
+			calls.Add(1)
+			if !backend.Allow() {
+				return backpressure.Overloaded(errors.New("429"))
+			}
+			accepted.Add(1)
+			return nil
+		})
+		r.Workers, r.Window.Messages = 4, 64
+		r.Retry = consumer.RetryPolicy{BaseDelay: 200 * time.Millisecond, MaxDelay: 200 * time.Millisecond}
+		r.Overload.Throttle = th
+		c, err := consumer.New(consumer.Options{}, r)
+		if err != nil {
+			t.Fatal(err)
 		}
-		accepted.Add(1)
-		return nil
+		start(t, c)
+		var published atomic.Int64
+		produce := func(d time.Duration) {
+			tick := time.NewTicker(10 * time.Millisecond)
+			defer tick.Stop()
+			end := time.Now().Add(d)
+			for now := range tick.C {
+				if now.After(end) {
+					return
+				}
+				for range 3 {
+					src.Publish(fmt.Sprintf("m%d", published.Add(1)), []byte("x"), nil, time.Time{})
+				}
+			}
+		}
+		measure := func(d time.Duration) (fetched, sent, acc float64) {
+			f0, c0, a0 := c.Stats()[0].Fetched, calls.Load(), accepted.Load()
+			produce(d)
+			sec := d.Seconds()
+			return float64(c.Stats()[0].Fetched-f0) / sec, float64(calls.Load()-c0) / sec, float64(accepted.Load()-a0) / sec
+		}
+		measure(time.Second) // warm up: the window fills with the overload
+		f, s, a := measure(2 * time.Second)
+		p := c.Stats()[0].Overload.ThrottleProbability
+		t.Logf("overload (capacity 100/s, offered 300/s): pulled %.0f/s, backend sees %.0f/s, accepts %.0f/s (%.2f×), p=%.2f, backlog in broker %d",
+			f, s, a, s/a, p, src.Queued())
+		if s > 2.5*a || s > 290 {
+			t.Fatalf("backend sees %.0f/s for %.0f/s accepted", s, a)
+		}
+		backend.SetLimit(2000)
+		backend.SetBurst(100)
+		measure(2 * time.Second) // recovering: p decays with the window
+		f, s, a = measure(time.Second)
+		p = c.Stats()[0].Overload.ThrottleProbability
+		t.Logf("capacity back (2000/s): pulled %.0f/s, backend sees %.0f/s, accepts %.0f/s, p=%.2f, backlog %d, refused slots %d",
+			f, s, a, p, src.Queued(), c.Stats()[0].Overload.ThrottleRefused)
+		if a < 250 || p > 0.05 {
+			t.Fatalf("did not recover: accepts %.0f/s, p=%.2f", a, p)
+		}
 	})
-	r.Workers, r.Window.Messages = 4, 64
-	r.Retry = consumer.RetryPolicy{BaseDelay: 200 * time.Millisecond, MaxDelay: 200 * time.Millisecond}
-	r.Overload.Throttle = th
-	c, err := consumer.New(consumer.Options{}, r)
-	if err != nil {
-		t.Fatal(err)
-	}
-	start(t, c)
-	var published atomic.Int64
-	produce := func(d time.Duration) {
-		tick := time.NewTicker(10 * time.Millisecond)
-		defer tick.Stop()
-		end := time.Now().Add(d)
-		for now := range tick.C {
-			if now.After(end) {
-				return
-			}
-			for range 3 {
-				src.Publish(fmt.Sprintf("m%d", published.Add(1)), []byte("x"), nil, time.Time{})
-			}
-		}
-	}
-	measure := func(d time.Duration) (fetched, sent, acc float64) {
-		f0, c0, a0 := c.Stats()[0].Fetched, calls.Load(), accepted.Load()
-		produce(d)
-		sec := d.Seconds()
-		return float64(c.Stats()[0].Fetched-f0) / sec, float64(calls.Load()-c0) / sec, float64(accepted.Load()-a0) / sec
-	}
-	measure(time.Second) // warm up: the window fills with the overload
-	f, s, a := measure(2 * time.Second)
-	p := c.Stats()[0].Overload.ThrottleProbability
-	t.Logf("overload (capacity 100/s, offered 300/s): pulled %.0f/s, backend sees %.0f/s, accepts %.0f/s (%.2f×), p=%.2f, backlog in broker %d",
-		f, s, a, s/a, p, src.Queued())
-	if s > 2.5*a || s > 290 {
-		t.Fatalf("backend sees %.0f/s for %.0f/s accepted", s, a)
-	}
-	backend.SetLimit(2000)
-	backend.SetBurst(100)
-	measure(2 * time.Second) // recovering: p decays with the window
-	f, s, a = measure(time.Second)
-	p = c.Stats()[0].Overload.ThrottleProbability
-	t.Logf("capacity back (2000/s): pulled %.0f/s, backend sees %.0f/s, accepts %.0f/s, p=%.2f, backlog %d, refused slots %d",
-		f, s, a, p, src.Queued(), c.Stats()[0].Overload.ThrottleRefused)
-	if a < 250 || p > 0.05 {
-		t.Fatalf("did not recover: accepts %.0f/s, p=%.2f", a, p)
-	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/sluice-go/sluice/backpressure"
@@ -229,63 +230,62 @@ func TestCriticalityPropagates(t *testing.T) {
 // service time doubles the limit drops to its minimum; when it recovers the
 // limit climbs back.
 func TestAdaptiveLimitDrivesWindow(t *testing.T) {
-	if testing.Short() {
-		t.Skip("timed load test")
-	}
-	al, _ := backpressure.NewAdaptiveLimit(backpressure.AdaptiveLimitOptions{Min: 2, Max: 32, Initial: 2,
-		Target: 7 * time.Millisecond, Interval: 100 * time.Millisecond, MinSamples: 5})
-	src := sluicetest.NewSource()
-	var mu sync.Mutex
-	busy, service := 0, 4*time.Millisecond
-	r := route("adaptive", src, func(ctx context.Context, m *consumer.Message) error {
-		mu.Lock()
-		busy++
-		d := service * time.Duration(max(4, busy)) / 4
-		mu.Unlock()
-		time.Sleep(d)
-		mu.Lock()
-		busy--
-		mu.Unlock()
-		return nil
-	})
-	r.Workers, r.Window.Messages, r.Window.MinFetch = 32, 32, 1
-	r.Overload.AdaptiveLimit = al
-	c, err := consumer.New(consumer.Options{}, r)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop := start(t, c)
-	for i := range 20000 {
-		src.Publish(fmt.Sprintf("m%d", i), []byte("x"), nil, time.Time{})
-	}
-	var trace []int
-	sample := func(d time.Duration) int {
-		end := time.Now().Add(d)
-		for time.Now().Before(end) {
-			time.Sleep(100 * time.Millisecond)
-			s := c.Stats()[0]
-			if s.Window.Limit < 2 || s.Window.Limit > 32 || !s.Window.Adaptive {
-				t.Fatalf("limit %d out of bounds", s.Window.Limit)
-			}
-			trace = append(trace, s.Window.Limit)
+	synctest.Test(t, func(t *testing.T) {
+		al, _ := backpressure.NewAdaptiveLimit(backpressure.AdaptiveLimitOptions{Min: 2, Max: 32, Initial: 2,
+			Target: 7 * time.Millisecond, Interval: 100 * time.Millisecond, MinSamples: 5})
+		src := sluicetest.NewSource()
+		var mu sync.Mutex
+		busy, service := 0, 4*time.Millisecond
+		r := route("adaptive", src, func(ctx context.Context, m *consumer.Message) error {
+			mu.Lock()
+			busy++
+			d := service * time.Duration(max(4, busy)) / 4
+			mu.Unlock()
+			time.Sleep(d)
+			mu.Lock()
+			busy--
+			mu.Unlock()
+			return nil
+		})
+		r.Workers, r.Window.Messages, r.Window.MinFetch = 32, 32, 1
+		r.Overload.AdaptiveLimit = al
+		c, err := consumer.New(consumer.Options{}, r)
+		if err != nil {
+			t.Fatal(err)
 		}
-		return trace[len(trace)-1]
-	}
-	normal := sample(1500 * time.Millisecond)
-	mu.Lock()
-	service *= 2
-	mu.Unlock()
-	slow := sample(1500 * time.Millisecond)
-	mu.Lock()
-	service /= 2
-	mu.Unlock()
-	back := sample(1500 * time.Millisecond)
-	_ = stop()
-	t.Logf("adaptive window limit every 100 ms: %v", trace)
-	t.Logf("normal %d, service time doubled %d, recovered %d (bounds 2..32)", normal, slow, back)
-	if normal < 3 || slow > normal-1 || back < normal-2 {
-		t.Fatalf("normal %d slow %d back %d", normal, slow, back)
-	}
+		stop := start(t, c)
+		for i := range 20000 {
+			src.Publish(fmt.Sprintf("m%d", i), []byte("x"), nil, time.Time{})
+		}
+		var trace []int
+		sample := func(d time.Duration) int {
+			end := time.Now().Add(d)
+			for time.Now().Before(end) {
+				time.Sleep(100 * time.Millisecond)
+				s := c.Stats()[0]
+				if s.Window.Limit < 2 || s.Window.Limit > 32 || !s.Window.Adaptive {
+					t.Fatalf("limit %d out of bounds", s.Window.Limit)
+				}
+				trace = append(trace, s.Window.Limit)
+			}
+			return trace[len(trace)-1]
+		}
+		normal := sample(1500 * time.Millisecond)
+		mu.Lock()
+		service *= 2
+		mu.Unlock()
+		slow := sample(1500 * time.Millisecond)
+		mu.Lock()
+		service /= 2
+		mu.Unlock()
+		back := sample(1500 * time.Millisecond)
+		_ = stop()
+		t.Logf("adaptive window limit every 100 ms: %v", trace)
+		t.Logf("normal %d, service time doubled %d, recovered %d (bounds 2..32)", normal, slow, back)
+		if normal < 3 || slow > normal-1 || back < normal-2 {
+			t.Fatalf("normal %d slow %d back %d", normal, slow, back)
+		}
+	})
 }
 
 // Near-deadline shedding happens at fetch too: the message does not wait in

@@ -186,6 +186,12 @@ func (r *route) call(ctx context.Context, m *Message) (err error) {
 // returns the outcome.
 func (r *route) finish(ctx context.Context, m *Message, err error) Outcome {
 	now := r.clock.Now()
+	if err != nil && r.stopping.Load() && r.handlerCtx.Err() != nil && errors.Is(err, context.Canceled) {
+		// The shutdown cancelled the handler: the message did not fail,
+		// it is handed back (and the attempt not counted against it).
+		r.giveBack(m)
+		return OutcomeReturned
+	}
 	if err == nil {
 		m.late = !m.deadline.IsZero() && now.After(m.deadline)
 		r.forget(m)
@@ -286,7 +292,9 @@ func (r *route) toSink(m *Message, class string, cause error, now time.Time, suc
 	for delay := 100 * time.Millisecond; err != nil && (r.lastDelivery(m) || r.order != nil); delay = min(2*delay, 5*time.Second) {
 		r.c.dlqErrors.Add(1)
 		r.noteError("dead-letter write (kept, retrying)", err)
-		if !pause(r.settleCtx, delay/2+rand.N(delay/2+1)) {
+		// Retry until it is written or the shutdown grace is over (the
+		// handlers' ctx ends then), when it is left to the broker.
+		if !pause(r.handlerCtx, delay/2+rand.N(delay/2+1)) {
 			r.perform(m, abandon)
 			return OutcomeAbandoned
 		}

@@ -6,6 +6,7 @@ import (
 	"math"
 	"strconv"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/sluice-go/sluice/consumer"
@@ -85,54 +86,59 @@ func TestNewRejects(t *testing.T) {
 // TestFetchPacesRealSource drains 60 messages at 200/s through Fetch: it
 // takes about 0.3 s, never more than a batch per fetch, and loses nothing.
 func TestFetchPacesRealSource(t *testing.T) {
-	src := sluicetest.NewSource()
-	for i := range 60 {
-		src.Publish(strconv.Itoa(i), []byte("x"), nil, time.Now().Add(-time.Hour))
-	}
-	d, err := New(src, Options{Rate: 200, Jitter: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	start := time.Now()
-	got := 0
-	for got < 60 {
-		ms, err := d.Fetch(ctx, 100, 1<<20)
+	synctest.Test(t, func(t *testing.T) {
+		src := sluicetest.NewSource()
+		for i := range 60 {
+			src.Publish(strconv.Itoa(i), []byte("x"), nil, time.Now().Add(-time.Hour))
+		}
+		d, err := New(src, Options{Rate: 200, Jitter: -1})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(ms) > 4 {
-			t.Fatalf("fetch returned %d, batch is 4", len(ms))
-		}
-		for _, m := range ms {
-			if err := sluicetest.Settle(ctx, m, consumer.Settlement{Op: consumer.SettleAck}); err != nil {
+		ctx := context.Background()
+		start := time.Now()
+		got := 0
+		for got < 60 {
+			ms, err := d.Fetch(ctx, 100, 1<<20)
+			if err != nil {
 				t.Fatal(err)
 			}
+			if len(ms) > 4 {
+				t.Fatalf("fetch returned %d, batch is 4", len(ms))
+			}
+			for _, m := range ms {
+				if err := sluicetest.Settle(ctx, m, consumer.Settlement{Op: consumer.SettleAck}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			got += len(ms)
 		}
-		got += len(ms)
-	}
-	// 15 batches, the first at once: 14 intervals of 20 ms.
-	if el := time.Since(start); el < 250*time.Millisecond || el > 2*time.Second {
-		t.Fatalf("60 messages at 200/s took %v", el)
-	}
+		// 15 batches, the first at once: 14 intervals of 20 ms (fake time:
+		// exact, whatever the machine's load).
+		if el := time.Since(start); el < 270*time.Millisecond || el > 290*time.Millisecond {
+			t.Fatalf("60 messages at 200/s took %v", el)
+		}
+	})
 }
 
 // TestFetchCancelledReturnsBatch: a cancelled wait hands the fetched batch
 // over instead of dropping it.
 func TestFetchCancelledReturnsBatch(t *testing.T) {
-	src := sluicetest.NewSource()
-	for i := range 3 {
-		src.Publish(strconv.Itoa(i), []byte("x"), nil, time.Time{})
-	}
-	d, _ := New(src, Options{Rate: 1, Burst: 1, Jitter: -1})
-	ctx, cancel := context.WithCancel(context.Background())
-	if ms, err := d.Fetch(ctx, 10, 1<<20); err != nil || len(ms) != 1 {
-		t.Fatalf("first: %d %v", len(ms), err)
-	}
-	go func() { time.Sleep(50 * time.Millisecond); cancel() }()
-	start := time.Now()
-	ms, err := d.Fetch(ctx, 10, 1<<20)
-	if err != nil || len(ms) != 1 || time.Since(start) > 900*time.Millisecond {
-		t.Fatalf("cancelled wait: %d %v after %v", len(ms), err, time.Since(start))
-	}
+	synctest.Test(t, func(t *testing.T) {
+		src := sluicetest.NewSource()
+		for i := range 3 {
+			src.Publish(strconv.Itoa(i), []byte("x"), nil, time.Time{})
+		}
+		d, _ := New(src, Options{Rate: 1, Burst: 1, Jitter: -1})
+		ctx, cancel := context.WithCancel(context.Background())
+		if ms, err := d.Fetch(ctx, 10, 1<<20); err != nil || len(ms) != 1 {
+			t.Fatalf("first: %d %v", len(ms), err)
+		}
+		go func() { time.Sleep(50 * time.Millisecond); cancel() }() // fake time
+		start := time.Now()
+		ms, err := d.Fetch(ctx, 10, 1<<20)
+		if err != nil || len(ms) != 1 || time.Since(start) != 50*time.Millisecond {
+			t.Fatalf("cancelled wait: %d %v after %v", len(ms), err, time.Since(start))
+		}
+	})
 }
