@@ -221,25 +221,34 @@ func (w *Window) Acquire(ctx context.Context, n int, b int64) error {
 			w.mu.Unlock()
 			return nil
 		}
-		budget := w.budgetRefusesLocked(n, b)
-		ch := w.waitChanLocked()
-		w.mu.Unlock()
-		t := time.Now()
-		if start.IsZero() {
-			start = t
-		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-		}
-		if budget {
-			w.addBudgetBlocked(time.Since(t))
-		}
-		if ctx.Err() != nil {
-			w.addBlocked(time.Since(start))
-			return ctx.Err()
+		if err := w.waitLocked(ctx, w.budgetRefusesLocked(n, b), &start); err != nil {
+			return err
 		}
 	}
+}
+
+// waitLocked releases w.mu and waits until the window changes or ctx ends,
+// adding the time to BudgetBlocked when only the Budget kept the caller out,
+// and to Blocked (since *start, the first wait) when ctx ends.
+func (w *Window) waitLocked(ctx context.Context, budget bool, start *time.Time) error {
+	ch := w.waitChanLocked()
+	w.mu.Unlock()
+	t := time.Now()
+	if start.IsZero() {
+		*start = t
+	}
+	select {
+	case <-ch:
+	case <-ctx.Done():
+	}
+	if budget {
+		w.addBudgetBlocked(time.Since(t))
+	}
+	if ctx.Err() != nil {
+		w.addBlocked(time.Since(*start))
+		return ctx.Err()
+	}
+	return nil
 }
 
 // budgetRefusesLocked reports whether n messages and b bytes would fit the
@@ -284,23 +293,8 @@ func (w *Window) WaitFreeAtLeast(ctx context.Context, minMessages int) (messages
 			w.mu.Unlock()
 			return m, b, nil
 		}
-		budget := w.budgetRefusesLocked(min(minMessages, w.limit), 1)
-		ch := w.waitChanLocked()
-		w.mu.Unlock()
-		t := time.Now()
-		if start.IsZero() {
-			start = t
-		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-		}
-		if budget {
-			w.addBudgetBlocked(time.Since(t))
-		}
-		if ctx.Err() != nil {
-			w.addBlocked(time.Since(start))
-			return 0, 0, ctx.Err()
+		if err := w.waitLocked(ctx, w.budgetRefusesLocked(min(minMessages, w.limit), 1), &start); err != nil {
+			return 0, 0, err
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package dlq
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -356,21 +357,11 @@ func NewReplayer(opts ReplayOptions) (*Replayer, error) {
 			return nil, fmt.Errorf("%w: Topic: %w", ErrInvalidOption, err)
 		}
 	}
-	if opts.Rate == 0 {
-		opts.Rate = DefaultRate
-	}
-	if opts.Concurrency == 0 {
-		opts.Concurrency = DefaultConcurrency
-	}
-	if opts.MaxReplays == 0 {
-		opts.MaxReplays = DefaultMaxReplays
-	}
-	if opts.Attempts == 0 {
-		opts.Attempts = DefaultAttempts
-	}
-	if opts.DeadlineHeader == "" {
-		opts.DeadlineHeader = expiry.DefaultHeader
-	}
+	opts.Rate = cmp.Or(opts.Rate, DefaultRate)
+	opts.Concurrency = cmp.Or(opts.Concurrency, DefaultConcurrency)
+	opts.MaxReplays = cmp.Or(opts.MaxReplays, DefaultMaxReplays)
+	opts.Attempts = cmp.Or(opts.Attempts, DefaultAttempts)
+	opts.DeadlineHeader = cmp.Or(opts.DeadlineHeader, expiry.DefaultHeader)
 	r := &Replayer{opts: opts, every: opts.Rate, batch: opts.Burst,
 		policy: len(opts.Allow) > 0 || opts.Destination != nil || opts.Topic != ""}
 	unpaced := math.IsInf(opts.Rate, 1)

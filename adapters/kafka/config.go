@@ -140,44 +140,22 @@ func (c *Config) validate() error {
 			return bad("topic %q is empty or the RetryTopic", t)
 		}
 	}
-	if c.FetchMaxWait == 0 {
-		c.FetchMaxWait = DefaultFetchMaxWait
-	}
-	if c.PollWait == 0 {
-		c.PollWait = DefaultPollWait
-	}
-	if c.CommitInterval == 0 {
-		c.CommitInterval = DefaultCommitInterval
-	}
-	if c.StartOffset == 0 {
-		c.StartOffset = kafka.FirstOffset
-	}
-	if c.SessionTimeout == 0 {
-		c.SessionTimeout = DefaultSessionTimeout
-	}
-	if c.HeartbeatInterval == 0 {
-		c.HeartbeatInterval = DefaultHeartbeatInterval
-	}
-	if c.RebalanceTimeout == 0 {
-		c.RebalanceTimeout = DefaultRebalanceTimeout
-	}
-	if c.RevokeGrace == 0 {
-		c.RevokeGrace = DefaultRevokeGrace
-	}
-	if c.LocalRetryMaxDelay == 0 {
-		c.LocalRetryMaxDelay = DefaultLocalRetryMaxDelay
-	}
+	c.FetchMaxWait = cmp.Or(c.FetchMaxWait, DefaultFetchMaxWait)
+	c.PollWait = cmp.Or(c.PollWait, DefaultPollWait)
+	c.CommitInterval = cmp.Or(c.CommitInterval, DefaultCommitInterval)
+	c.StartOffset = cmp.Or(c.StartOffset, kafka.FirstOffset)
+	c.SessionTimeout = cmp.Or(c.SessionTimeout, DefaultSessionTimeout)
+	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, DefaultHeartbeatInterval)
+	c.RebalanceTimeout = cmp.Or(c.RebalanceTimeout, DefaultRebalanceTimeout)
+	c.RevokeGrace = cmp.Or(c.RevokeGrace, DefaultRevokeGrace)
+	c.LocalRetryMaxDelay = cmp.Or(c.LocalRetryMaxDelay, DefaultLocalRetryMaxDelay)
 	return nil
 }
 
 // sizeFrom fills the prefetch numbers left at zero from the route's window.
 func (c *Config) sizeFrom(l consumer.RouteLimits) {
-	if c.PrefetchMessages == 0 {
-		c.PrefetchMessages = l.Messages
-	}
-	if c.PrefetchBytes == 0 {
-		c.PrefetchBytes = l.Bytes
-	}
+	c.PrefetchMessages = cmp.Or(c.PrefetchMessages, l.Messages)
+	c.PrefetchBytes = cmp.Or(c.PrefetchBytes, l.Bytes)
 	if c.FetchMaxBytes == 0 {
 		c.FetchMaxBytes = int(min(c.PrefetchBytes/4, maxFetchBytes))
 	}
