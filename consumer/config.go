@@ -105,6 +105,10 @@ type WindowPolicy struct {
 	Bytes int64
 	// MaxBatch caps one fetch. 0 means Messages.
 	MaxBatch int
+	// Cost, when enabled, charges the window (Messages) and the queue
+	// (Overload.Queue.MaxCost) in cost units instead of one per message,
+	// and predictive expiry expects each message's run to take its units.
+	Cost CostPolicy
 	// MinFetch is the low-water mark of the pull: the route fetches again
 	// only once at least this many message slots are free, so a broker
 	// round trip carries a batch rather than one message. 0 means a quarter
@@ -291,10 +295,58 @@ type QueuePolicy struct {
 	// more than this many messages wait for a worker. It only matters
 	// below Window.Messages − Workers. 0 means never shed.
 	MaxLength int
+	// MaxCost sheds messages (chosen by DropWhenFull, settled by OnShed,
+	// counted as OutcomeShed with reason ShedQueueFull) whenever the
+	// messages waiting for a worker would cost more than this many units
+	// together (Window.Cost; one per message without it). It bounds the
+	// queue in work rather than in messages: one dear message costs as
+	// much as a hundred cheap ones, so cheap messages do not wait behind
+	// a queue of dear ones. 0 means no cost bound.
+	MaxCost int
 	// DropWhenFull chooses the message shed when the queue is over
-	// MaxLength; default DropNewest.
+	// MaxLength or MaxCost; default DropNewest.
 	DropWhenFull DropPolicy
 }
+
+// CostHeader is the header through which a producer may declare a
+// message's cost in units (CostPolicy.Header's usual name), capped by the
+// route (CostPolicy.Max).
+const CostHeader = "Sluice-Cost"
+
+// CostPolicy says what a message costs, in units, against its route's
+// window and queue (seed 000's "count vs cost": a message that takes 1 ms
+// and one that takes 500 ms are not the same load). A message's cost is
+// the first of Func, Header and the cost learned for its Class that gives
+// a positive number; else one unit. The zero value is off: every message
+// costs one unit.
+type CostPolicy struct {
+	// Func returns a message's cost (<= 0: not known).
+	Func func(*Message) int
+	// Header names a header declaring the cost as a decimal number of
+	// units, usually CostHeader. A producer's header is capped at Max.
+	Header string
+	// Class, when set, learns the cost of each message class (the key it
+	// returns, at most 1024 classes): an exponentially weighted mean of
+	// its handler time, in Units.
+	Class func(*Message) string
+	// Unit is the handler time one unit stands for, for learned costs.
+	// 0 means 1 ms.
+	Unit time.Duration
+	// Max caps a message's cost. 0 means a quarter of the window
+	// (Window.Messages), so four of the dearest messages fit at once.
+	Max int
+	// MaxRunning bounds the cost of the messages running at once: a
+	// worker takes the next queued message that fits (in the queue's
+	// order; QueueCheapestFirst takes the cheapest that fits), or any
+	// message when nothing runs. Set it below Workers × the dearest cost
+	// so dear messages can never take every worker and cheap ones always
+	// find one: with 4 workers and messages of 1 and 100 units, 310 keeps
+	// a worker for the cheap ones. 0 means no bound.
+	MaxRunning int
+}
+
+// Enabled reports whether messages cost anything but one unit.
+func (p CostPolicy) Enabled() bool { return p.Func != nil || p.Header != "" || p.Class != nil }
 
 // Options configure a Consumer. The zero value is usable.
 type Options struct {
@@ -359,6 +411,10 @@ func isNil(v any) bool {
 func (r Route) withDefaults() Route {
 	if r.Workers == 0 {
 		r.Workers = DefaultWorkers
+	}
+	if r.Window.Messages == 0 && r.Window.Cost.Enabled() {
+		// In units: 100 per worker (100 ms of work each, at 1 ms a unit).
+		r.Window.Messages = min(100*r.Workers, MaxWindowMessages)
 	}
 	if r.Window.Messages == 0 {
 		r.Window.Messages = 2 * r.Workers
@@ -435,12 +491,14 @@ func (r *Route) validate() error {
 		return bad("Overload.Criticality %d is not a class", o.Criticality)
 	case o.ReservedBytes < 0:
 		return bad("Overload.ReservedBytes must be >= 0")
-	case o.Queue.Order < QueueFIFO || o.Queue.Order > QueueLIFO:
+	case o.Queue.Order < QueueFIFO || o.Queue.Order > QueueCheapestFirst:
 		return bad("Overload.Queue.Order %d", o.Queue.Order)
 	case o.Queue.DropWhenFull < DropNewest || o.Queue.DropWhenFull > DropLowestCriticality:
 		return bad("Overload.Queue.DropWhenFull %d", o.Queue.DropWhenFull)
 	case o.OnShed < ShedNak || o.OnShed > ShedAck:
 		return bad("Overload.OnShed %d", o.OnShed)
+	case r.Window.Cost.Unit < 0 || r.Window.Cost.Max < 0 || r.Window.Cost.MaxRunning < 0 || o.Queue.MaxCost < 0:
+		return bad("Window.Cost.Unit, Max, MaxRunning and Overload.Queue.MaxCost must not be negative")
 	case o.Queue.MaxLength < 0 || o.ShedNearDeadline < 0 || o.ShedDelay < 0 || o.ThrottleWait < 0:
 		return bad("Overload.Queue.MaxLength, ShedNearDeadline, ShedDelay and ThrottleWait must not be negative")
 	case r.Retry.MaxDelay > math.MaxInt64/4 || o.ShedDelay > math.MaxInt64/4:

@@ -51,6 +51,7 @@ type route struct {
 	pressure *backpressure.PressureGauge
 	slack    slack
 	drain    drainWindow // fetch loop only
+	costs    classCosts  // learned costs (Window.Cost.Class)
 	stopping atomic.Bool
 	log      errorLog
 	hooked   // Options.Hook for this route
@@ -125,7 +126,7 @@ func New(opts Options, routes ...Route) (*Consumer, error) {
 		if err != nil {
 			return nil, err
 		}
-		if given.Window.Messages == 0 && given.Overload.AdaptiveLimit == nil {
+		if given.Window.Messages == 0 && given.Overload.AdaptiveLimit == nil && !given.Window.Cost.Enabled() {
 			// The default window finds its size (drainWindow).
 			d := &r.drain
 			d.on, d.minFetch = true, given.Window.MinFetch == 0
@@ -152,7 +153,7 @@ func newRoute(cfg Route, clock Clock, opts Options) (*route, error) {
 	r := &route{
 		cfg: cfg, retry: cfg.Retry, window: w, clock: clock,
 		expiryOn: cfg.Expiry.Enabled(), header: cfg.Expiry.HeaderName(),
-		queue:     newQueue(cfg.Overload.Queue.Order, cfg.Overload.Queue.DropWhenFull, cfg.Overload.Queue.MaxLength),
+		queue:     newQueue(cfg.Overload.Queue.Order, cfg.Overload.Queue.DropWhenFull, cfg.Overload.Queue.MaxLength, cfg.Overload.Queue.MaxCost),
 		failures:  map[dlq.Origin]failure{},
 		fill:      1,
 		baseLimit: cfg.Window.Messages,
@@ -160,6 +161,9 @@ func newRoute(cfg Route, clock Clock, opts Options) (*route, error) {
 	}
 	if r.expiryOn {
 		r.pred = newPredictor(cfg.Workers)
+	}
+	if cfg.Window.Cost.Enabled() {
+		r.queue.maxRunning = cfg.Window.Cost.MaxRunning
 	}
 	r.pressure, _ = backpressure.NewPressureGauge(backpressure.PressureOptions{}, r.pressureSignals)
 	if cfg.Ordering != Unordered {

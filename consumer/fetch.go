@@ -134,7 +134,7 @@ func (r *route) admit(ctx context.Context, msgs []*Message) int {
 	}
 	// Predictive expiry: the first message with a deadline plans the batch
 	// (when each queue position is expected to start); each message queued
-	// takes the next position (FIFO) or the first (LIFO).
+	// goes behind the units queued before it (FIFO) or first (LIFO).
 	var pl plan
 	planned, pos := false, 0
 	var enqueued, shed int
@@ -151,11 +151,12 @@ func (r *route) admit(ctx context.Context, msgs []*Message) int {
 			r.toSink(m, dlq.ClassOversize, fmt.Errorf("%w: %d bytes", ErrOversize, size), now, OutcomeDeadLettered)
 			continue
 		}
-		if !r.window.TryAcquire(1, size) {
+		units := r.unitsOf(m)
+		if !r.window.TryAcquire(units, size) {
 			// The source returned more than was free (or another route took
 			// shared budget meanwhile): wait. An oversized message waits
 			// here until the window is empty.
-			if err := r.window.Acquire(ctx, 1, size); err != nil {
+			if err := r.window.Acquire(ctx, units, size); err != nil {
 				r.giveBack(m)
 				continue
 			}
@@ -176,21 +177,24 @@ func (r *route) admit(ctx context.Context, msgs []*Message) int {
 				if !planned {
 					planned, pl = true, r.pred.plan(now)
 					if r.cfg.Overload.Queue.Order == QueueFIFO {
-						pos = r.queue.len()
+						pos = r.queue.load()
 					}
 				}
-				if pl.lateAt(now, m.deadline, pos) {
+				if pl.lateAt(now, m.deadline, pos, units) {
 					r.expireEarly(m, now)
 					continue
 				}
 				// Past this moment it could not finish in time (before the
 				// route has learned its handler: past its deadline): the
 				// reaper settles it if it is still queued then.
-				m.startBy = m.deadline.Add(-pl.high).UnixNano()
+				m.startBy = m.deadline.UnixNano()
+				if pl.ok {
+					m.startBy = m.deadline.Add(-runTime(pl.mean, pl.high, units)).UnixNano()
+				}
 			}
 		}
 		if r.cfg.Overload.Queue.Order == QueueFIFO {
-			pos++
+			pos += units
 		}
 		enqueued++
 		shed += r.enqueue(ctx, m)

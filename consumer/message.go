@@ -123,7 +123,9 @@ type Message struct {
 	confirm   error        // Confirm's result when it came before Settle returned
 	verdict   verdict      // what the settling party decided (set before stateClaimed ends)
 	deadline  time.Time
-	startBy   int64 // unix nanos (route clock) after which it cannot start in time; 0: none
+	startBy   int64  // unix nanos (route clock) after which it cannot start in time; 0: none
+	units     int32  // what it costs against the window and queue (Window.Cost); 1 without
+	costClass string // its CostPolicy.Class key, when the route learns costs
 	fetchedAt time.Time
 	touched   atomic.Int64 // unix nanos of the last InProgress or fetch
 	charged   atomic.Int64 // bytes charged to the window; -1: none

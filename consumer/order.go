@@ -191,8 +191,8 @@ func (o *orderer) drop(k *keyState) {
 
 // enqueue queues a message admit has charged to the window: for a worker at
 // once, or on an ordered route behind the earlier messages of its key. It
-// returns how many messages the queue shed to take it (m itself, or an
-// older one): 0 or 1.
+// returns how many messages the queue shed to take it (m itself, or older
+// ones).
 func (r *route) enqueue(ctx context.Context, m *Message) int {
 	if r.order != nil {
 		return r.order.admit(ctx, m)
@@ -201,13 +201,13 @@ func (r *route) enqueue(ctx context.Context, m *Message) int {
 }
 
 // pushOrShed queues m, shedding by the route's queue policy, and returns
-// how many messages were shed (0 or 1).
+// how many messages were shed.
 func (r *route) pushOrShed(m *Message) int {
-	if v := r.queue.push(m); v != nil {
+	vs := r.queue.push(m)
+	for _, v := range vs {
 		r.shed(v, ShedQueueFull)
-		return 1
 	}
-	return 0
+	return len(vs)
 }
 
 // admit takes m into its key: the head when the key holds nothing, else

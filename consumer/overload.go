@@ -53,6 +53,11 @@ const (
 	// handled fast (seed 002: median 28 ms against 350 ms for FIFO) while a
 	// few wait long; pair it with DropOldest.
 	QueueLIFO
+	// QueueCheapestFirst runs the queued message of the lowest cost
+	// (Window.Cost units) first, the oldest among equals: cheap messages
+	// do not wait behind dear ones that arrived before them. Without
+	// Window.Cost every message costs one unit and it is FIFO.
+	QueueCheapestFirst
 )
 
 // DropPolicy chooses which queued message is shed when a route's queue of

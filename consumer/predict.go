@@ -93,11 +93,14 @@ func (l *latencies) estimate() (mean, high time.Duration, ok bool) {
 // predictor is a route's predictive expiry: its learned handler latency
 // and what each worker is doing.
 type predictor struct {
+	// lat is the handler's latency per cost unit (per message on a route
+	// without Window.Cost, where every message is one unit).
 	lat latencies
 	// busy[i] is worker i's state: 0 idle, busyUntimed running a message
 	// without a deadline (start unknown), else the unix nanos its current
-	// handler run started.
-	busy []atomic.Int64
+	// handler run started; busyUnits[i] is that message's cost in units.
+	busy      []atomic.Int64
+	busyUnits []atomic.Int32
 	// free is the fetch loop's scratch for plan.
 	free []time.Duration
 }
@@ -105,14 +108,14 @@ type predictor struct {
 const busyUntimed = -1
 
 func newPredictor(workers int) *predictor {
-	return &predictor{busy: make([]atomic.Int64, workers)}
+	return &predictor{busy: make([]atomic.Int64, workers), busyUnits: make([]atomic.Int32, workers)}
 }
 
 // plan is the prediction for one fetched batch.
 type plan struct {
 	ok   bool
-	high time.Duration // a run's high-quantile latency, with its margin
-	mean time.Duration
+	high time.Duration // a unit's high-quantile latency
+	mean time.Duration // a unit's mean latency
 	// free[i] is how long from now until the i-th worker to come free
 	// takes its next message (sorted).
 	free []time.Duration
@@ -125,7 +128,6 @@ func (p *predictor) plan(now time.Time) plan {
 	if !ok {
 		return plan{}
 	}
-	high += runMargin(high)
 	free := p.free[:0]
 	for i := range p.busy {
 		var left time.Duration
@@ -134,7 +136,7 @@ func (p *predictor) plan(now time.Time) plan {
 		case busyUntimed:
 			left = mean / 2
 		default:
-			left = max(0, mean-now.Sub(time.Unix(0, s)))
+			left = max(0, time.Duration(max(1, p.busyUnits[i].Load()))*mean-now.Sub(time.Unix(0, s)))
 		}
 		free = append(free, left)
 	}
@@ -143,25 +145,36 @@ func (p *predictor) plan(now time.Time) plan {
 	return plan{ok: true, high: high, mean: mean, free: free}
 }
 
-// wait is the expected wait before the message at queue position pos
-// (0: next) starts: with every run taking the mean, position pos goes to
-// the (pos mod W)-th worker to come free, after pos/W more runs on it.
+// wait is the expected wait before a message with pos units queued ahead
+// of it (0: next) starts: with every unit taking the mean, those units go
+// round the workers in the order they come free, so it starts on the
+// (pos mod W)-th worker to come free after pos/W more units on it. (On a
+// route without Window.Cost every message is one unit: pos is its place.)
 func (pl plan) wait(pos int) time.Duration {
 	w := len(pl.free)
 	return pl.free[pos%w] + time.Duration(pos/w)*pl.mean
 }
 
-// lateAt reports whether a message with deadline, at queue position pos
-// at now, is predicted to finish after its deadline.
-func (pl plan) lateAt(now, deadline time.Time, pos int) bool {
-	return pl.ok && now.Add(pl.wait(pos)+pl.high).After(deadline)
+// lateAt reports whether a message of units with deadline, with pos units
+// queued ahead of it at now, is predicted to finish after its deadline.
+func (pl plan) lateAt(now, deadline time.Time, pos, units int) bool {
+	return pl.ok && now.Add(pl.wait(pos)+runTime(pl.mean, pl.high, units)).After(deadline)
 }
 
-// tooLate reports whether a message with deadline, started at now, is
-// predicted to finish after it.
-func (p *predictor) tooLate(now, deadline time.Time) bool {
-	_, high, ok := p.lat.estimate()
-	return ok && now.Add(high+runMargin(high)).After(deadline)
+// runTime is the high-quantile run time of a message of units, with its
+// margin: the mean per unit times its units, plus the tail one unit shows
+// above its mean (a dear message is many units of work, not many draws of
+// a cheap message's jitter). For one unit it is the high quantile.
+func runTime(mean, high time.Duration, units int) time.Duration {
+	d := mean*time.Duration(max(units, 1)) + max(high-mean, 0)
+	return d + runMargin(d)
+}
+
+// tooLate reports whether a message of units with deadline, started at
+// now, is predicted to finish after it.
+func (p *predictor) tooLate(now, deadline time.Time, units int) bool {
+	mean, high, ok := p.lat.estimate()
+	return ok && now.Add(runTime(mean, high, units)).After(deadline)
 }
 
 // reapLoop settles, as expired, queued messages that can no longer start

@@ -3,6 +3,8 @@ package consumer
 import (
 	"testing"
 	"time"
+
+	"github.com/sluice-go/sluice/backpressure"
 )
 
 func TestLatenciesLearn(t *testing.T) {
@@ -53,14 +55,14 @@ func TestPlanWait(t *testing.T) {
 		}
 	}
 	// Position 2 starts after 15 ms and needs 20 ms + 3 ms of margin.
-	if pl.lateAt(now, now.Add(38*time.Millisecond), 2) || !pl.lateAt(now, now.Add(37*time.Millisecond), 2) {
+	if pl.lateAt(now, now.Add(38*time.Millisecond), 2, 1) || !pl.lateAt(now, now.Add(37*time.Millisecond), 2, 1) {
 		t.Error("lateAt: want on time with 38 ms, late with 37 ms")
 	}
-	if p.tooLate(now, now.Add(23*time.Millisecond)) || !p.tooLate(now, now.Add(22*time.Millisecond)) {
+	if p.tooLate(now, now.Add(23*time.Millisecond), 1) || !p.tooLate(now, now.Add(22*time.Millisecond), 1) {
 		t.Error("tooLate: want on time with 23 ms left, late with 22 ms")
 	}
 	// Without a run learned there is no prediction.
-	if q := newPredictor(1); q.plan(now).lateAt(now, now, 5) || q.tooLate(now, now) {
+	if q := newPredictor(1); q.plan(now).lateAt(now, now, 5, 1) || q.tooLate(now, now, 1) {
 		t.Error("a prediction before any run")
 	}
 }
@@ -87,5 +89,40 @@ func TestDrainWindowGrowsAndShrinks(t *testing.T) {
 		if l := d.observe(at(800+100*i), 8, 0); l != want {
 			t.Fatalf("no drops, interval %d: limit %d, want %d", i, l, want)
 		}
+	}
+}
+
+func TestUnitsOf(t *testing.T) {
+	w, _ := backpressure.NewWindow(400, 1<<20)
+	r := &route{window: w}
+	r.cfg.Window.Messages = 400
+	m := func(h Headers) *Message { return &Message{Headers: h} }
+	if u := r.unitsOf(m(nil)); u != 1 {
+		t.Fatalf("without a cost policy: %d units", u)
+	}
+	r.cfg.Window.Cost = CostPolicy{Header: CostHeader, Class: func(m *Message) string { return m.Headers.Get("kind") }}
+	for _, c := range []struct {
+		h    Headers
+		want int
+	}{
+		{Headers{CostHeader: {"7"}}, 7},
+		{Headers{CostHeader: {"5000"}}, 100}, // capped at a quarter of the window
+		{Headers{CostHeader: {"junk"}}, 1},   // nothing learned yet: one unit
+		{Headers{"kind": {"report"}}, 1},
+	} {
+		if u := r.unitsOf(m(c.h)); u != c.want {
+			t.Errorf("%v: %d units, want %d", c.h, u, c.want)
+		}
+	}
+	// Learned: reports take ~40 ms (EWMA, 1/8 per run).
+	r.costs.observe("report", 40*time.Millisecond)
+	r.costs.observe("report", 48*time.Millisecond)
+	if u := r.unitsOf(m(Headers{"kind": {"report"}})); u != 41 {
+		t.Errorf("learned report: %d units, want 41 (41 ms at 1 ms a unit)", u)
+	}
+	// Never more than the limit in force.
+	w.SetLimit(10)
+	if u := r.unitsOf(m(Headers{CostHeader: {"50"}})); u != 10 {
+		t.Errorf("limit 10: %d units", u)
 	}
 }

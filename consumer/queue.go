@@ -14,6 +14,14 @@ type queue struct {
 	order QueueOrder
 	drop  DropPolicy
 	limit int // shed above this many queued; 0: never
+	// maxUnits sheds above this many cost units queued; 0: never. units
+	// is what is queued now.
+	maxUnits int
+	units    int
+	// maxRunning bounds the cost units of the messages taken from the
+	// queue and not yet done (CostPolicy.MaxRunning); 0: no bound.
+	maxRunning int
+	running    int
 
 	mu     sync.Mutex
 	cond   sync.Cond
@@ -32,8 +40,8 @@ type queue struct {
 	onClose func()
 }
 
-func newQueue(order QueueOrder, drop DropPolicy, limit int) *queue {
-	q := &queue{order: order, drop: drop, limit: limit, reap: make(chan struct{}, 1)}
+func newQueue(order QueueOrder, drop DropPolicy, limit, maxUnits int) *queue {
+	q := &queue{order: order, drop: drop, limit: limit, maxUnits: maxUnits, reap: make(chan struct{}, 1)}
 	q.cond.L = &q.mu
 	return q
 }
@@ -55,6 +63,7 @@ func (q *queue) pushLocked(m *Message) {
 	}
 	q.buf[(q.head+q.n)&(len(q.buf)-1)] = m
 	q.n++
+	q.units += int(m.units)
 }
 
 // removeLocked takes out the i-th oldest item.
@@ -74,43 +83,54 @@ func (q *queue) removeLocked(i int) *Message {
 		q.buf[(q.head+q.n-1)&mask] = nil
 	}
 	q.n--
+	q.units -= int(m.units)
 	return m
 }
 
-// push queues m and returns the message to shed, if the queue is now over
-// its limit (possibly m itself, which is then not queued).
-func (q *queue) push(m *Message) (victim *Message) {
+// push queues m and returns the messages to shed, if the queue is over its
+// limits with m (possibly m itself, which is then not queued, and then
+// last). Only a cost bound (maxUnits) can shed more than one.
+func (q *queue) push(m *Message) (victims []*Message) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.limit > 0 && q.n >= q.limit {
-		switch q.drop {
-		case DropNewest:
-			return m
-		case DropOldest:
-			victim = q.removeLocked(0)
-		case DropRandom:
-			i := rand.N(q.n + 1)
-			if i == q.n {
-				return m
-			}
-			victim = q.removeLocked(i)
-		case DropLowestCriticality:
-			// The oldest queued message of the lowest class present; the
-			// arrival only when its class is below every queued one.
-			at := 0
-			for i := 1; i < q.n; i++ {
-				if q.at(i).crit < q.at(at).crit {
-					at = i
-				}
-			}
-			if m.crit < q.at(at).crit {
-				return m
-			}
-			victim = q.removeLocked(at)
+	for q.n > 0 && (q.limit > 0 && q.n >= q.limit || q.maxUnits > 0 && q.units+int(m.units) > q.maxUnits) {
+		v := q.victimLocked(m)
+		victims = append(victims, v)
+		if v == m {
+			return victims
 		}
 	}
 	q.addLocked(m)
-	return victim
+	return victims
+}
+
+// victimLocked takes out, by the drop policy, the message to shed so that
+// m fits, or returns m itself (not queued).
+func (q *queue) victimLocked(m *Message) *Message {
+	switch q.drop {
+	case DropOldest:
+		return q.removeLocked(0)
+	case DropRandom:
+		i := rand.N(q.n + 1)
+		if i == q.n {
+			return m
+		}
+		return q.removeLocked(i)
+	case DropLowestCriticality:
+		// The oldest queued message of the lowest class present; the
+		// arrival only when its class is below every queued one.
+		at := 0
+		for i := 1; i < q.n; i++ {
+			if q.at(i).crit < q.at(at).crit {
+				at = i
+			}
+		}
+		if m.crit < q.at(at).crit {
+			return m
+		}
+		return q.removeLocked(at)
+	}
+	return m // DropNewest
 }
 
 // addLocked queues m for a worker and tells the reaper its start-by time.
@@ -144,6 +164,7 @@ func (q *queue) takeLate(now int64) (late []*Message, next int64) {
 		m := q.buf[(q.head+i)&mask]
 		if m.startBy != 0 && m.startBy <= now {
 			late = append(late, m)
+			q.units -= int(m.units)
 			continue
 		}
 		if m.startBy != 0 && (next == 0 || m.startBy < next) {
@@ -170,10 +191,83 @@ func (q *queue) pop() (*Message, bool) {
 		}
 		q.cond.Wait()
 	}
-	if q.order == QueueLIFO {
-		return q.removeLocked(q.n - 1), true
+	return q.removeLocked(q.nextLocked()), true
+}
+
+// popFit is pop for a queue whose running cost is bounded: it takes the
+// next message, in the queue's order, that fits the running bound (any
+// message when nothing runs), waiting while none does. done gives the
+// units back.
+func (q *queue) popFit() (*Message, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for {
+		if q.n == 0 && q.closed {
+			return nil, false
+		}
+		if q.n > 0 {
+			if i := q.fitLocked(); i >= 0 {
+				m := q.removeLocked(i)
+				q.running += int(m.units)
+				return m, true
+			}
+		}
+		q.cond.Wait()
 	}
-	return q.removeLocked(0), true
+}
+
+// fitLocked is the index of the message to take next within the running
+// bound, or -1.
+func (q *queue) fitLocked() int {
+	if q.running == 0 {
+		return q.nextLocked()
+	}
+	room := q.maxRunning - q.running
+	best := -1
+	for j := 0; j < q.n; j++ {
+		i := j
+		if q.order == QueueLIFO {
+			i = q.n - 1 - j
+		}
+		u := int(q.at(i).units)
+		if u > room {
+			continue
+		}
+		if q.order != QueueCheapestFirst {
+			return i
+		}
+		if best < 0 || u < int(q.at(best).units) {
+			best = i
+		}
+	}
+	return best
+}
+
+// done returns the running units of a message popFit handed out.
+func (q *queue) done(units int32) {
+	q.mu.Lock()
+	q.running -= int(units)
+	q.cond.Broadcast()
+	q.mu.Unlock()
+}
+
+// nextLocked is the index of the message a worker takes next: the oldest
+// (FIFO), the newest (LIFO), or the oldest of the cheapest (in cost
+// units).
+func (q *queue) nextLocked() int {
+	switch q.order {
+	case QueueLIFO:
+		return q.n - 1
+	case QueueCheapestFirst:
+		at := 0
+		for i := 1; i < q.n && q.at(at).units > 1; i++ {
+			if q.at(i).units < q.at(at).units {
+				at = i
+			}
+		}
+		return at
+	}
+	return 0
 }
 
 // tryPop takes a message without waiting, in the queue's order.
@@ -183,10 +277,7 @@ func (q *queue) tryPop() (*Message, bool) {
 	if q.n == 0 {
 		return nil, false
 	}
-	if q.order == QueueLIFO {
-		return q.removeLocked(q.n - 1), true
-	}
-	return q.removeLocked(0), true
+	return q.removeLocked(q.nextLocked()), true
 }
 
 // len returns how many messages wait.
@@ -194,6 +285,13 @@ func (q *queue) len() int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return q.n
+}
+
+// load returns the cost units queued (the count without Window.Cost).
+func (q *queue) load() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.units
 }
 
 // close wakes every worker; they take what is left, then stop.

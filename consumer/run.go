@@ -16,10 +16,21 @@ import (
 // work is worker w: it takes queued messages until the queue is closed and
 // empty.
 func (r *route) work(w int) {
+	bounded := r.queue.maxRunning > 0
 	for {
-		m, ok := r.queue.pop()
+		var m *Message
+		var ok bool
+		if bounded {
+			m, ok = r.queue.popFit()
+		} else {
+			m, ok = r.queue.pop()
+		}
 		if !ok {
 			return
+		}
+		if bounded {
+			r.processDone(m, w)
+			continue
 		}
 		if r.stopping.Load() || revoked(m) {
 			r.giveBack(m)
@@ -27,6 +38,17 @@ func (r *route) work(w int) {
 		}
 		r.process(m, w)
 	}
+}
+
+// processDone is process for a route whose running cost is bounded: the
+// message's units are given back to the queue when it is done.
+func (r *route) processDone(m *Message, w int) {
+	defer r.queue.done(m.units)
+	if r.stopping.Load() {
+		r.giveBack(m)
+		return
+	}
+	r.process(m, w)
 }
 
 // process runs one message through its last checks and the handler on
@@ -52,7 +74,7 @@ func (r *route) process(m *Message, w int) {
 			r.shed(m, ShedNearDeadline)
 			return
 		}
-		if r.pred != nil && r.cfg.Overload.Slots == nil && r.pred.tooLate(now, m.deadline) {
+		if r.pred != nil && r.cfg.Overload.Slots == nil && r.pred.tooLate(now, m.deadline, int(m.units)) {
 			r.expireEarly(m, now)
 			return
 		}
@@ -67,7 +89,8 @@ func (r *route) process(m *Message, w int) {
 		defer s.Release()
 	}
 	learn := r.pred != nil && !m.deadline.IsZero()
-	if !r.timed && !learn {
+	learnCost := r.cfg.Window.Cost.Class != nil
+	if !r.timed && !learn && !learnCost {
 		// Nobody reads the handler's latency: skip the two clock reads.
 		if r.pred != nil {
 			r.pred.busy[w].Store(busyUntimed)
@@ -81,6 +104,7 @@ func (r *route) process(m *Message, w int) {
 		b.AttemptAt(start)
 	}
 	if r.pred != nil {
+		r.pred.busyUnits[w].Store(m.units)
 		r.pred.busy[w].Store(start.UnixNano())
 	}
 	if r.hook != nil {
@@ -94,8 +118,12 @@ func (r *route) process(m *Message, w int) {
 	if r.pred != nil {
 		r.pred.busy[w].Store(0)
 		if learn {
-			r.pred.lat.observe(start.Add(latency), latency)
+			// Per unit: on a route with Window.Cost, what one unit takes.
+			r.pred.lat.observe(start.Add(latency), latency/time.Duration(max(m.units, 1)))
 		}
+	}
+	if learnCost {
+		r.costs.observe(m.costClass, latency)
 	}
 	if r.cfg.Overload.Throttle != nil || r.cfg.Overload.AdaptiveLimit != nil {
 		r.feedback(start.Add(latency), latency, err)
@@ -135,7 +163,7 @@ func (r *route) takeSlot(ctx context.Context, m *Message) bool {
 			r.shed(m, ShedNearDeadline)
 			return false
 		}
-		if r.pred != nil && r.pred.tooLate(now, m.deadline) {
+		if r.pred != nil && r.pred.tooLate(now, m.deadline, int(m.units)) {
 			slots.Release()
 			r.expireEarly(m, now)
 			return false

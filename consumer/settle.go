@@ -150,7 +150,7 @@ func (r *route) complete(m *Message, settleErr error) {
 // from a charge to -1 releases it.
 func (r *route) releaseWindow(m *Message) {
 	if b := m.charged.Swap(-1); b >= 0 {
-		r.window.Release(1, b)
+		r.window.Release(int(max(m.units, 1)), b)
 	}
 }
 

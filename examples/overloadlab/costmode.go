@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"time"
+
+	"github.com/sluice-go/sluice/consumer"
 )
 
 // costConfig is -mode cost (issue 11, section 4): a mix of cheap and dear
@@ -50,6 +52,7 @@ func (p costConfig) mean() time.Duration {
 // costRow is one consumer in cost mode.
 type costRow struct {
 	kind       kind
+	label      string
 	units      float64 // goodput in cost units: handler-seconds of on-time work per second
 	capUnits   float64 // capacity in the same units
 	count      float64 // goodput, msg/s
@@ -72,16 +75,47 @@ func runCost(ctx context.Context, b broker, cfg config, rep *report, w io.Writer
 	}
 	fmt.Fprintf(w, "overloadlab cost: broker %s, %d workers, %.0f%% × %v + %.0f%% × %v (mean %v), deadline %v; capacity %.0f msg/s = %.2f handler-s/s\n",
 		b.name(), cfg.workers, 100*p.cheapShare, p.cheap, 100*(1-p.cheapShare), p.dear, p.mean(), cfg.deadline, capMsgs, capUnits)
+	dearMS := int(max(1, p.dear.Milliseconds()))
+	// The queue holds a dear run per worker, cheapest first: cheap
+	// messages never wait behind a dear one, dear ones keep their workers.
+	queueUnits := cfg.workers * dearMS
+	type variant struct {
+		k     kind
+		label string
+		tune  func(*consumer.Route)
+	}
+	var vs []variant
 	for _, k := range cfg.kinds {
-		s := cfg.spec(fmt.Sprintf("cost_%d", k), k, p.load*capMsgs)
+		vs = append(vs, variant{k, k.String(), nil})
+		if k != sluiceMinimal {
+			continue
+		}
+		vs = append(vs,
+			variant{k, fmt.Sprintf("sluice, queue bounded by count (%d, ShedAck)", cfg.queueCap), func(r *consumer.Route) {
+				r.Window.Messages = cfg.queueCap + cfg.workers + 8
+				r.Overload.Queue = consumer.QueuePolicy{MaxLength: cfg.queueCap}
+				r.Overload.OnShed = consumer.ShedAck
+			}},
+			variant{k, fmt.Sprintf("sluice, cost-weighted (Sluice-Cost; queue %d units cheapest first, at most %d running, ShedAck)", queueUnits, (cfg.workers-1)*dearMS+10), func(r *consumer.Route) {
+				r.Window.Cost = consumer.CostPolicy{Header: consumer.CostHeader, Max: dearMS, MaxRunning: (cfg.workers-1)*dearMS + 10}
+				r.Window.Messages = cfg.workers*dearMS + 2*queueUnits
+				r.Overload.Queue = consumer.QueuePolicy{MaxCost: queueUnits, Order: consumer.QueueCheapestFirst}
+				r.Overload.OnShed = consumer.ShedAck
+			}})
+	}
+	for i, v := range vs {
+		s := cfg.spec(fmt.Sprintf("cost_%d", i), v.k, p.load*capMsgs)
 		s.cost, s.duration, s.mix, s.keepRuns, s.drain = p.mean(), p.dur, p.mix(), true, 0
 		s.margin = cfg.marginFor(p.dear, cfg.deadline)
 		s.warmup = min(cfg.deadline+time.Second, p.dur/2)
+		s.tune = v.tune
 		r, err := runTrial(ctx, b, s)
 		if err != nil {
-			return fmt.Errorf("cost %v: %w", k, err)
+			return fmt.Errorf("cost %v: %w", v.label, err)
 		}
-		rep.cost = append(rep.cost, costRowOf(r, p, capUnits))
+		row := costRowOf(r, p, capUnits)
+		row.label = v.label
+		rep.cost = append(rep.cost, row)
 	}
 	return cfg.emitter(w)("cost.txt", costTable(rep.cost, cfg))
 }
@@ -123,7 +157,7 @@ func costTable(rows []costRow, cfg config) string {
 	header := []string{"consumer", "goodput (cost units)", "% of capacity", "goodput (messages)", "cheap p50", "cheap p99", "dear p99", "cheap share of successes", "wasted"}
 	var out [][]string
 	for _, r := range rows {
-		out = append(out, []string{r.kind.String(), fmt.Sprintf("%.2f handler-s/s", r.units), fmt.Sprintf("%.0f%%", 100*r.units/r.capUnits),
+		out = append(out, []string{r.label, fmt.Sprintf("%.2f handler-s/s", r.units), fmt.Sprintf("%.0f%%", 100*r.units/r.capUnits),
 			rate(r.count), ms(r.cheapP50), ms(r.cheapP99), ms(r.dearP99), fmt.Sprintf("%.0f%%", 100*r.cheapShare), fmt.Sprint(r.wasted)})
 	}
 	return fmt.Sprintf("Cost mix: %.0f%% of messages cost %v, %.0f%% cost %v, at %g× capacity, %d workers, deadline %v\n"+
