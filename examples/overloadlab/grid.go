@@ -11,6 +11,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -331,7 +332,55 @@ func gridTable(cells []gridCell, broker string) string {
 	if hasMin {
 		s += fmt.Sprintf("\nsluice minimal meets the target in %d of %d cells (at ≥2×: ≥97%% of capacity, 0 wasted, p99 < deadline; at ≤1×: ≥97%% of the offered load, 0 wasted)\n", met, total)
 	}
-	return s
+	return s + "\n" + gridSummary(cells, kinds)
+}
+
+// gridSummary is, per load and consumer, the median and lowest goodput
+// share across the cells, how many cells reach 97% of capacity (at ≥2×;
+// of the offered load below), and the handler runs on expired messages.
+func gridSummary(cells []gridCell, kinds []kind) string {
+	var loads []float64
+	for _, c := range cells {
+		if !slices.Contains(loads, c.load) {
+			loads = append(loads, c.load)
+		}
+	}
+	header := []string{"load"}
+	for _, k := range kinds {
+		header = append(header, k.String()+": median / lowest, cells ≥97%, wasted")
+	}
+	var rows [][]string
+	for _, ld := range loads {
+		row := []string{fmt.Sprintf("%g×", ld)}
+		for _, k := range kinds {
+			var shares []float64
+			ok, n, wasted := 0, 0, 0
+			for _, c := range cells {
+				r, has := c.of(k)
+				if c.load != ld || !has {
+					continue
+				}
+				n++
+				sh := c.share(r)
+				if r.failed != "" {
+					sh = 0
+				}
+				shares = append(shares, sh)
+				wasted += r.wasted
+				if ld >= 2 && sh >= 0.97 || ld < 2 && r.goodput >= 0.97*math.Min(r.offeredRate, c.capacity) {
+					ok++
+				}
+			}
+			if n == 0 {
+				row = append(row, "-")
+				continue
+			}
+			slices.Sort(shares)
+			row = append(row, fmt.Sprintf("%.0f%% / %.0f%%, %d of %d, %d", 100*shares[len(shares)/2], 100*shares[0], ok, n, wasted))
+		}
+		rows = append(rows, row)
+	}
+	return "Across the grid, goodput as % of capacity:\n\n" + table(header, rows)
 }
 
 func cellKinds(cells []gridCell) []kind {

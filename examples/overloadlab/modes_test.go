@@ -112,7 +112,7 @@ func TestGridTargetAndTable(t *testing.T) {
 		t.Errorf("trial name %q is not a valid JetStream stream name", name)
 	}
 	tbl := gridTable([]gridCell{over}, "nats")
-	for _, want := range []string{"| 4×20ms ", "5% · 3000 ms", "98% · 420 ms", "900/0", "met", "meets the target in 1 of 1 cells"} {
+	for _, want := range []string{"| 4×20ms ", "5% · 3000 ms", "98% · 420 ms", "900/0", "met", "meets the target in 1 of 1 cells", "| 5×   | 5% / 5%, 0 of 1, 900"} {
 		if !strings.Contains(tbl, want) {
 			t.Errorf("grid table lacks %q:\n%s", want, tbl)
 		}
