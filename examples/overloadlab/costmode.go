@@ -125,17 +125,19 @@ func runCost(ctx context.Context, b broker, cfg config, rep *report, w io.Writer
 func capacityMix(ctx context.Context, b broker, cfg config, p costConfig) (msgs, units float64, err error) {
 	nominal := float64(cfg.workers) / p.mean().Seconds()
 	s := cfg.spec("cost_cap", unprotected, 0)
-	s.cost, s.deadline, s.duration, s.warmup, s.drain, s.mix, s.keepRuns = p.mean(), 0, cfg.capDur, 0, 0, p.mix(), true
-	s.prefill = int(nominal*cfg.capDur.Seconds()*1.5) + 100
+	s.cost, s.deadline, s.duration, s.warmup, s.mix, s.keepRuns = p.mean(), 0, cfg.capDur, 0, p.mix(), true
+	s.drain = cfg.capDur
+	s.prefill = int(nominal*2*cfg.capDur.Seconds()*1.2) + 100
 	r, err := runTrial(ctx, b, s)
 	if err != nil {
 		return 0, 0, err
 	}
-	all := summarize(r.runs, window{until: r.start.Add(time.Hour)}, nil)
-	if all.handled == 0 {
-		return 0, 0, errors.New("cost capacity: no message was handled")
+	msgs, err = drainRate(r.runs, cfg.workers, p.mean())
+	if err != nil {
+		return 0, 0, err
 	}
-	return float64(all.handled) / r.elapsed.Seconds(), all.units.Seconds() / r.elapsed.Seconds(), nil
+	all := summarize(r.runs, window{until: r.start.Add(time.Hour)}, nil)
+	return msgs, msgs * all.units.Seconds() / float64(all.good), nil
 }
 
 func costRowOf(r result, p costConfig, capUnits float64) costRow {
