@@ -100,6 +100,10 @@ func smoke(t *testing.T, broker, steps string) {
 // one deadline, 1× and 5×) on the embedded NATS server: every consumer
 // gets a cell, the files are written, and at 5× the plain bounded queue and
 // the tuned route beat the unprotected consumer, which runs expired work.
+// Under the race detector only the cells and files are checked: it slows
+// every consumer several times over against a capacity measured outside it
+// (at 5× the plain bounded queue fell to 6% and sluice to 0 there, on main
+// before cost admission as after).
 func TestGridQuick(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the grid's short form for ~20 s")
@@ -122,8 +126,8 @@ func TestGridQuick(t *testing.T) {
 		if len(c.res) != len(allKinds) {
 			t.Fatalf("%g×: %d consumers", c.load, len(c.res))
 		}
-		if c.load < 5 {
-			continue
+		if c.load < 5 || raceEnabled {
+			continue // under -race the cells exist but their goodput is not the lab's
 		}
 		u, _ := c.of(unprotected)
 		if u.wasted == 0 {
