@@ -3,10 +3,12 @@ package deploy_test
 import (
 	"context"
 	"encoding/json"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -90,6 +92,9 @@ func exported(t *testing.T) map[string][]string {
 	return out
 }
 
+// targetLabels are the labels Prometheus adds to every series it scrapes.
+var targetLabels = []string{"instance", "job"}
+
 var (
 	selector = regexp.MustCompile(`(sluice_[a-zA-Z0-9_:]+)\s*\{([^}]*)\}`)
 	matcher  = regexp.MustCompile(`([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*"([^"]*)"`)
@@ -117,6 +122,9 @@ func TestDashboardQueriesExportedMetrics(t *testing.T) {
 			t.Errorf("panel %q: query %q uses no sluice metric", q.Panel, q.Expr)
 		}
 		labelsOf := map[string]bool{}
+		for _, l := range targetLabels {
+			labelsOf[l] = true
+		}
 		for _, n := range names {
 			used[n] = true
 			ls, ok := have[n]
@@ -131,7 +139,7 @@ func TestDashboardQueriesExportedMetrics(t *testing.T) {
 		for _, m := range selector.FindAllStringSubmatch(q.Expr, -1) {
 			ls := have[m[1]]
 			for _, lm := range matcher.FindAllStringSubmatch(m[2], -1) {
-				if !slices.Contains(ls, lm[1]) {
+				if !slices.Contains(ls, lm[1]) && !slices.Contains(targetLabels, lm[1]) {
 					t.Errorf("panel %q: %s has no label %q (labels %v)", q.Panel, m[1], lm[1], ls)
 				}
 				if lm[1] == "outcome" && lm[2] == "=" && !outcomes[lm[3]] {
@@ -381,4 +389,187 @@ func TestPrometheusScrapesTheExamples(t *testing.T) {
 			t.Errorf("examples/%s does not read METRICS_ADDR", example)
 		}
 	}
+}
+
+// The dashboard shows one series per instance: every query keeps the
+// instance label through its aggregations, follows the instance variable,
+// and names the instance in its legend.
+func TestDashboardPerInstance(t *testing.T) {
+	raw, err := os.ReadFile(dashboardFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d struct {
+		Templating struct {
+			List []struct {
+				Name, Definition, AllValue string
+				IncludeAll, Multi          bool
+			} `json:"list"`
+		} `json:"templating"`
+		Panels []struct {
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr         string `json:"expr"`
+				LegendFormat string `json:"legendFormat"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal(raw, &d); err != nil {
+		t.Fatal(err)
+	}
+	vars := map[string]bool{}
+	for _, v := range d.Templating.List {
+		vars[v.Name] = true
+		if v.Name == "instance" {
+			if !v.IncludeAll || !v.Multi || v.AllValue != ".*" || !strings.HasSuffix(v.Definition, ", instance)") {
+				t.Errorf("instance variable %+v: want label_values(..., instance), multi, All = .*", v)
+			}
+		}
+	}
+	if !vars["instance"] || !vars["route"] {
+		t.Fatalf("dashboard variables %v, want route and instance", vars)
+	}
+	aggregation := regexp.MustCompile(`\b(?:sum|max|min|avg|count)\s+by\s*\(([^)]*)\)`)
+	for _, p := range d.Panels {
+		for _, tg := range p.Targets {
+			aggs := aggregation.FindAllStringSubmatch(tg.Expr, -1)
+			if len(aggs) == 0 {
+				t.Errorf("panel %q: %s aggregates nothing by instance", p.Title, tg.Expr)
+			}
+			for _, a := range aggs {
+				if !slices.Contains(strings.Fields(strings.ReplaceAll(a[1], ",", " ")), "instance") {
+					t.Errorf("panel %q: %q drops the instance label: %s", p.Title, a[0], tg.Expr)
+				}
+			}
+			for _, sel := range selector.FindAllStringSubmatch(tg.Expr, -1) {
+				if !strings.Contains(sel[2], `instance=~"$instance"`) || !strings.Contains(sel[2], `route=~"$route"`) {
+					t.Errorf("panel %q: %s does not follow the route and instance variables", p.Title, sel[0])
+				}
+			}
+			if !strings.Contains(tg.LegendFormat, "{{instance}}") {
+				t.Errorf("panel %q: legend %q does not name the instance (%s)", p.Title, tg.LegendFormat, tg.Expr)
+			}
+		}
+	}
+}
+
+// The fleet profile: replicas of examples/service on the stack's brokers,
+// each scraped by Prometheus as its own instance.
+func TestComposeFleet(t *testing.T) {
+	type fleetService struct {
+		service  `yaml:",inline"`
+		Profiles []string `yaml:"profiles"`
+		Build    struct {
+			Context    string `yaml:"context"`
+			Dockerfile string `yaml:"dockerfile"`
+		} `yaml:"build"`
+		Deploy struct {
+			Replicas int `yaml:"replicas"`
+		} `yaml:"deploy"`
+		ContainerName string `yaml:"container_name"`
+		DependsOn     any    `yaml:"depends_on"` // a list or a map
+	}
+	var c struct {
+		Services map[string]fleetService `yaml:"services"`
+	}
+	readYAML(t, composeFile, &c)
+	s, ok := c.Services["service"]
+	if !ok {
+		t.Fatal(`no "service" service (examples/service replicas)`)
+	}
+	if !slices.Contains(s.Profiles, "fleet") {
+		t.Errorf("service profiles %v: want fleet (plain docker compose up starts no replicas)", s.Profiles)
+	}
+	if s.Deploy.Replicas != 3 {
+		t.Errorf("service runs %d replicas, want 3", s.Deploy.Replicas)
+	}
+	if s.ContainerName != "" || len(s.Ports) > 0 {
+		t.Errorf("service sets container_name %q or publishes ports %v: replicas would collide", s.ContainerName, s.Ports)
+	}
+	deps, _ := s.DependsOn.(map[string]any)
+	for _, dep := range []string{"kafka", "nats"} {
+		if cond, _ := deps[dep].(map[string]any); cond["condition"] != "service_healthy" {
+			t.Errorf("service does not wait for %s to be healthy: %v", dep, s.DependsOn)
+		}
+	}
+	// The image builds examples/service from the repository.
+	if s.Build.Context != "." {
+		t.Errorf("service build context %q, want the repository root", s.Build.Context)
+	}
+	df, err := os.ReadFile(filepath.Join("..", s.Build.Dockerfile))
+	if err != nil {
+		t.Fatalf("service Dockerfile: %v", err)
+	}
+	if !strings.Contains(string(df), "go build") || !strings.Contains(string(df), "./examples/service") {
+		t.Errorf("%s does not build ./examples/service", s.Build.Dockerfile)
+	}
+	// It talks to the stack's brokers on the compose network.
+	env := s.Environment
+	if env["NATS_URL"] != "nats://nats:4222" {
+		t.Errorf("service NATS_URL %q, want nats://nats:4222", env["NATS_URL"])
+	}
+	kafkaListeners := c.Services["kafka"].Environment["KAFKA_ADVERTISED_LISTENERS"]
+	if b := env["KAFKA_BROKERS"]; b == "" || !strings.Contains(kafkaListeners, "//"+b) {
+		t.Errorf("service KAFKA_BROKERS %q is not a listener kafka advertises (%s)", b, kafkaListeners)
+	}
+	_, port, err := net.SplitHostPort(env["METRICS_ADDR"])
+	if err != nil || !strings.HasPrefix(env["METRICS_ADDR"], "0.0.0.0:") {
+		t.Fatalf("service METRICS_ADDR %q: want 0.0.0.0:PORT (reachable from prometheus): %v", env["METRICS_ADDR"], err)
+	}
+	src, err := os.ReadFile("../examples/service/main.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range []string{"NATS_URL", "KAFKA_BROKERS", "METRICS_ADDR"} {
+		if !strings.Contains(string(src), `"`+v+`"`) {
+			t.Errorf("examples/service does not read %s", v)
+		}
+	}
+	// Prometheus discovers every replica: the service's DNS name resolves to
+	// all of them, each scraped as its own target (instance label).
+	var p struct {
+		ScrapeConfigs []struct {
+			JobName      string `yaml:"job_name"`
+			DNSSDConfigs []struct {
+				Names []string `yaml:"names"`
+				Type  string   `yaml:"type"`
+				Port  int      `yaml:"port"`
+			} `yaml:"dns_sd_configs"`
+			RelabelConfigs []struct {
+				TargetLabel string `yaml:"target_label"`
+			} `yaml:"relabel_configs"`
+		} `yaml:"scrape_configs"`
+	}
+	readYAML(t, "prometheus/prometheus.yml", &p)
+	found := false
+	for _, sc := range p.ScrapeConfigs {
+		for _, sd := range sc.DNSSDConfigs {
+			if slices.Contains(sd.Names, "service") {
+				found = true
+				if sd.Type != "A" || strconv.Itoa(sd.Port) != port {
+					t.Errorf("job %s: dns_sd %+v, want type A on port %s", sc.JobName, sd, port)
+				}
+			}
+		}
+		for _, rc := range sc.RelabelConfigs {
+			if rc.TargetLabel == "instance" {
+				t.Errorf("job %s rewrites the instance label: replicas could share one", sc.JobName)
+			}
+		}
+	}
+	if !found {
+		t.Error("prometheus does not discover the service's replicas (dns_sd_configs names: [service])")
+	}
+	if !strings.Contains(string(readFile(t, composeFile)), "docker compose --profile fleet up") {
+		t.Error("docker-compose.yaml does not tell how to start the replicas")
+	}
+}
+
+func readFile(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
