@@ -85,7 +85,7 @@ func TestDashboardOnPrometheus(t *testing.T) {
 	// every member its partitions.
 	routes := []string{"orders", "reports", "payments"}
 	ready := fmt.Sprintf(`sum by (instance, route) (rate(sluice_goodput_total[%s])) > 0`, rateInterval)
-	deadline := time.Now().Add(45 * time.Second)
+	deadline := time.Now().Add(90 * time.Second)
 	for {
 		series := prom.query(t, ready)
 		have := map[string]bool{}
@@ -104,7 +104,7 @@ func TestDashboardOnPrometheus(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no goodput after 45 s on %v (Prometheus has %v)", missing, series)
+			t.Fatalf("no goodput after 90 s on %v (Prometheus has %v)", missing, series)
 		}
 		time.Sleep(500 * time.Millisecond) // polling Prometheus, not a synchronization
 	}
@@ -120,12 +120,28 @@ func TestDashboardOnPrometheus(t *testing.T) {
 		expr, note := evaluable(q.Expr)
 		series := prom.query(t, expr)
 		got := map[string]bool{}
+		byRoute := false
 		for _, s := range series {
 			got[s.Metric["instance"]] = true
+			got[s.Metric["instance"]+" "+s.Metric["route"]] = true
+			_, r := s.Metric["route"]
+			byRoute = byRoute || r
+		}
+		// A query kept per route has a series for every route of every
+		// instance, but for what only some routes have.
+		want := routes
+		if slices.Contains(deploy.MetricNames(q.Expr), "sluice_adaptive_limit") {
+			want = []string{"reports"} // the only route with an AdaptiveLimit
 		}
 		for _, tg := range targets {
 			if !got[tg] {
 				t.Errorf("panel %q: query %s\n\treturns no series for instance %s%s (got %d series: %v)", q.Panel, q.Expr, tg, note, len(series), series)
+				continue
+			}
+			for _, r := range want {
+				if byRoute && !got[tg+" "+r] {
+					t.Errorf("panel %q: query %s\n\treturns no series for route %s of instance %s%s", q.Panel, q.Expr, r, tg, note)
+				}
 			}
 		}
 	}
