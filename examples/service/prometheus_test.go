@@ -4,6 +4,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -361,36 +362,58 @@ func scrapeConfig(t *testing.T, targets []string) []byte {
 func startPrometheus(t *testing.T, bin string, targets []string) *promServer {
 	t.Helper()
 	dir := t.TempDir()
-	config := scrapeConfig(t, targets)
 	cfgFile := filepath.Join(dir, "prometheus.yml")
-	if err := os.WriteFile(cfgFile, config, 0o644); err != nil {
+	if err := os.WriteFile(cfgFile, scrapeConfig(t, targets), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// The port is found free, then given to the server: another process
+	// may take it in between, so a start that finds it in use is retried.
+	for attempt := 1; ; attempt++ {
+		p, log, err := tryPrometheus(t, bin, cfgFile, filepath.Join(dir, fmt.Sprint("data", attempt)))
+		if err == nil {
+			return p
+		}
+		if attempt == 3 || !strings.Contains(log, "address already in use") {
+			t.Fatalf("prometheus: %v\n%s", err, log)
+		}
+	}
+}
+
+// tryPrometheus starts the server once, on a port of 127.0.0.1 free a
+// moment ago, and waits until it is ready; it returns the server's log
+// when it is not.
+func tryPrometheus(t *testing.T, bin, cfgFile, dataDir string) (*promServer, string, error) {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-	logFile, err := os.Create(filepath.Join(dir, "prometheus.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	var log bytes.Buffer // written by the server's output copier until exit
+	var logMu sync.Mutex
 	cmd := exec.Command(bin,
 		"--config.file="+cfgFile,
-		"--storage.tsdb.path="+filepath.Join(dir, "data"),
+		"--storage.tsdb.path="+dataDir,
 		"--web.listen-address="+addr,
 		"--log.level=warn")
-	cmd.Stdout, cmd.Stderr = logFile, logFile
+	w := writerFunc(func(b []byte) (int, error) {
+		logMu.Lock()
+		defer logMu.Unlock()
+		return log.Write(b)
+	})
+	cmd.Stdout, cmd.Stderr = w, w
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	promLog := func() string {
-		b, _ := os.ReadFile(logFile.Name())
-		return string(b)
+	exited := make(chan struct{})
+	var waitErr error
+	go func() { waitErr = cmd.Wait(); close(exited) }()
+	logText := func() string {
+		logMu.Lock()
+		defer logMu.Unlock()
+		return log.String()
 	}
 	t.Cleanup(func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
@@ -400,7 +423,6 @@ func startPrometheus(t *testing.T, bin string, targets []string) *promServer {
 			_ = cmd.Process.Kill()
 			<-exited
 		}
-		logFile.Close()
 	})
 	p := &promServer{base: "http://" + addr}
 	deadline := time.Now().Add(30 * time.Second)
@@ -409,20 +431,24 @@ func startPrometheus(t *testing.T, bin string, targets []string) *promServer {
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
-				return p
+				return p, "", nil
 			}
 		}
 		select {
-		case err := <-exited:
-			t.Fatalf("prometheus exited: %v\n%s", err, promLog())
+		case <-exited:
+			return nil, logText(), fmt.Errorf("exited: %v", waitErr)
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("prometheus not ready after 30 s: %v\n%s", err, promLog())
+			return nil, logText(), fmt.Errorf("not ready after 30 s: %v", err)
 		}
 		time.Sleep(100 * time.Millisecond) // polling for readiness
 	}
 }
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
 
 // get calls the HTTP API and decodes its data, failing on any error or
 // warning.
