@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -74,15 +75,50 @@ func TestPressureLetsAHandlerDegrade(t *testing.T) {
 			t.Fatal(err)
 		}
 		drop := t0.Add(burst)
-		var good int
+		slices.SortFunc(runs, func(a, b run) int { return a.start.Compare(b.start) })
+		var good, inBurst, fullInBurst, flips, fullAfter int
 		var lastDegraded time.Duration
-		for _, r := range runs {
+		firstDegraded := time.Duration(-1)
+		for i, r := range runs {
 			if r.onTime && r.end.After(t0.Add(2*time.Second)) && r.end.Before(drop) {
 				good++
+			}
+			if r.degraded && firstDegraded < 0 {
+				firstDegraded = r.start.Sub(t0)
+			}
+			if r.start.After(t0.Add(2*time.Second)) && r.start.Before(drop) {
+				inBurst++
+				if !r.degraded {
+					fullInBurst++
+				}
+				if i > 0 && r.degraded != runs[i-1].degraded {
+					flips++
+				}
 			}
 			if r.degraded && r.start.After(drop) {
 				lastDegraded = max(lastDegraded, r.start.Sub(drop))
 			}
+			if !r.degraded && r.start.After(drop) {
+				fullAfter++
+			}
+		}
+		t.Logf("first degraded run %v into the burst; in its last 4 s %d of %d runs on the full path, %d switches",
+			firstDegraded, fullInBurst, inBurst, flips)
+		// The level rises within the first second of overload. 5× the
+		// full path is about 1× the degraded one, so the backlog comes
+		// and goes and the level with it; the gauge's hysteresis (a level
+		// falls only after its signals stayed below it for Hold, 1 s) keeps
+		// the handler on the degraded path for at least 95% of the burst's
+		// runs, switching paths at most twice per Hold (a flapping level
+		// would switch every evaluation, 100 ms).
+		if firstDegraded < 0 || firstDegraded > time.Second {
+			t.Errorf("first degraded run %v after the burst began, want within 1 s", firstDegraded)
+		}
+		if fullInBurst*20 > inBurst || flips > 8 {
+			t.Errorf("in the burst's last 4 s %d of %d runs took the full path, %d switches: the level flapped", fullInBurst, inBurst, flips)
+		}
+		if fullAfter == 0 {
+			t.Error("no run took the full path after the load dropped")
 		}
 		goodput := float64(good) / 4 // the burst's last 4 s
 		t.Logf("burst goodput %.0f/s = %.2f× full-path capacity; last degraded run %v after the drop; causes seen: %v",
