@@ -5,8 +5,14 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"image/color"
 	"io"
+	"path/filepath"
 	"time"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/vg"
 
 	"github.com/sluice-go/sluice/backpressure"
 )
@@ -83,6 +89,43 @@ type degradeRow struct {
 	recovery   time.Duration // from the end of the burst to the last degraded start; 0: none
 	lowOffered float64
 	wasted     int
+	timeline   []degradeBin // the whole trial, for degrade.png
+	burst      time.Duration
+}
+
+// degradeBin is one slice of a degrade trial's timeline.
+type degradeBin struct {
+	at       time.Duration // end of the bin, from the producer's start
+	good     float64       // on-time successes ending in the bin, msg/s
+	degraded float64       // of the runs started in the bin, the degraded share
+}
+
+// degradeBinWidth is the timeline's resolution.
+const degradeBinWidth = 250 * time.Millisecond
+
+// timelineOf bins r's runs.
+func timelineOf(r result, total time.Duration) []degradeBin {
+	n := int(total / degradeBinWidth)
+	good, started, degraded := make([]int, n), make([]int, n), make([]int, n)
+	for _, x := range r.runs {
+		if i := int(x.end.Sub(r.start) / degradeBinWidth); x.onTime && i >= 0 && i < n {
+			good[i]++
+		}
+		if i := int(x.start.Sub(r.start) / degradeBinWidth); i >= 0 && i < n {
+			started[i]++
+			if x.degraded {
+				degraded[i]++
+			}
+		}
+	}
+	out := make([]degradeBin, n)
+	for i := range out {
+		out[i] = degradeBin{at: time.Duration(i+1) * degradeBinWidth, good: float64(good[i]) / degradeBinWidth.Seconds()}
+		if started[i] > 0 {
+			out[i].degraded = float64(degraded[i]) / float64(started[i])
+		}
+	}
+	return out
 }
 
 func runDegrade(ctx context.Context, b broker, cfg config, rep *report, w io.Writer) error {
@@ -105,9 +148,90 @@ func runDegrade(ctx context.Context, b broker, cfg config, rep *report, w io.Wri
 		if err != nil {
 			return fmt.Errorf("degrade %v: %w", k, err)
 		}
-		rep.degrade = append(rep.degrade, degradeRowOf(r, capacity, cfg))
+		row := degradeRowOf(r, capacity, cfg)
+		row.burst, row.timeline = d.highDur, timelineOf(r, d.highDur+d.lowDur)
+		rep.degrade = append(rep.degrade, row)
 	}
-	return cfg.emitter(w)("degrade.txt", degradeTable(rep.degrade, cfg))
+	if err := cfg.emitter(w)("degrade.txt", degradeTable(rep.degrade, cfg)); err != nil {
+		return err
+	}
+	if cfg.out == "" {
+		return nil
+	}
+	png := filepath.Join(cfg.out, "degrade.png")
+	if err := plotDegrade(rep.degrade, cfg, png); err != nil {
+		return err
+	}
+	fmt.Fprintln(w, "plot:", png)
+	return nil
+}
+
+// plotDegrade draws each consumer's on-time goodput and the share of its
+// runs on the degraded path over the trial, with the full-path capacity
+// and the end of the burst marked.
+func plotDegrade(rows []degradeRow, cfg config, file string) error {
+	if len(rows) == 0 {
+		return nil
+	}
+	good, share := plot.New(), plot.New()
+	good.Title.Text = "Goodput (on-time successes per second, 250 ms bins)"
+	good.Y.Label.Text = "goodput, msg/s"
+	share.Title.Text = "Runs on the degraded path"
+	share.Y.Label.Text = "share of runs started"
+	share.X.Label.Text = "seconds since the burst began"
+	end := rows[0].burst + cfg.degrade.lowDur
+	capacity := rows[0].capacity
+	for _, ref := range []struct {
+		pl   *plot.Plot
+		xys  plotter.XYs
+		name string
+	}{
+		{good, plotter.XYs{{X: 0, Y: capacity}, {X: end.Seconds(), Y: capacity}}, "full-path capacity"},
+		{good, plotter.XYs{{X: 0, Y: 3 * capacity}, {X: rows[0].burst.Seconds(), Y: 3 * capacity}}, "target in the burst: 3× capacity"},
+	} {
+		l, err := plotter.NewLine(ref.xys)
+		if err != nil {
+			return err
+		}
+		l.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
+		l.Color = color.Gray{Y: 120}
+		ref.pl.Add(l)
+		ref.pl.Legend.Add(ref.name, l)
+	}
+	for _, r := range rows {
+		st := styleOf(r.kind)
+		var g, d plotter.XYs
+		for _, b := range r.timeline {
+			g = append(g, plotter.XY{X: b.at.Seconds(), Y: b.good})
+			d = append(d, plotter.XY{X: b.at.Seconds(), Y: b.degraded})
+		}
+		for _, pair := range []struct {
+			pl  *plot.Plot
+			xys plotter.XYs
+		}{{good, g}, {share, d}} {
+			l, err := plotter.NewLine(pair.xys)
+			if err != nil {
+				return err
+			}
+			l.Color, l.Dashes = st.col, st.dashes
+			pair.pl.Add(l)
+			pair.pl.Legend.Add(st.name, l)
+		}
+	}
+	for _, p := range []*plot.Plot{good, share} {
+		p.Add(plotter.NewGrid())
+		p.X.Min, p.X.Max, p.Y.Min = 0, end.Seconds(), 0
+		p.Legend.Top, p.Legend.Left = true, false
+	}
+	// Room above the lines for the legends.
+	top := 3 * capacity
+	for _, r := range rows {
+		for _, b := range r.timeline {
+			top = max(top, b.good)
+		}
+	}
+	good.Y.Max, share.Y.Max = 1.5*top, 1.5
+	return writeTwoPlots(good, share, file)
 }
 
 func degradeRowOf(r result, capacity float64, cfg config) degradeRow {

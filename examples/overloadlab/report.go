@@ -161,16 +161,9 @@ func plotSteps(rep *report, file string) error {
 	lat.Title.Text = "p99 latency of successes"
 	lat.X.Label.Text = "offered load, msg/s"
 	lat.Y.Label.Text = "p99, ms"
-	series := []struct {
-		kind   kind
-		name   string
-		col    color.Color
-		dashes []vg.Length
-	}{
-		{unprotected, "unprotected (unbounded FIFO)", color.RGBA{R: 200, A: 255}, nil},
-		{boundedQueue, "plain client, bounded queue + expiry check", color.RGBA{R: 150, G: 150, A: 255}, []vg.Length{vg.Points(6), vg.Points(2)}},
-		{sluiceMinimal, "sluice, minimal route", color.RGBA{G: 150, B: 60, A: 255}, []vg.Length{vg.Points(2), vg.Points(2)}},
-		{sluiceTuned, "sluice, tuned route", color.RGBA{B: 200, G: 90, A: 255}, nil},
+	var series []seriesStyle
+	for _, k := range allKinds {
+		series = append(series, styleOf(k))
 	}
 	capLine := plotter.XYs{}
 	for _, s := range rep.steps {
@@ -247,13 +240,38 @@ func plotSteps(rep *report, file string) error {
 	lat.Legend.Top, lat.Legend.Left = true, true
 	lat.Legend.XOffs = vg.Points(8)
 
-	const w, h = 8 * vg.Inch, 8 * vg.Inch
-	img := vgimg.New(w, h)
+	return writeTwoPlots(good, lat, file)
+}
+
+// seriesStyle is how a consumer is drawn in every plot.
+type seriesStyle struct {
+	kind   kind
+	name   string
+	col    color.Color
+	dashes []vg.Length
+}
+
+func styleOf(k kind) seriesStyle {
+	switch k {
+	case unprotected:
+		return seriesStyle{k, "unprotected (unbounded FIFO)", color.RGBA{R: 200, A: 255}, nil}
+	case boundedQueue:
+		return seriesStyle{k, "plain client, bounded queue + expiry check", color.RGBA{R: 150, G: 150, A: 255}, []vg.Length{vg.Points(6), vg.Points(2)}}
+	case sluiceMinimal:
+		return seriesStyle{k, "sluice, minimal route", color.RGBA{G: 150, B: 60, A: 255}, []vg.Length{vg.Points(2), vg.Points(2)}}
+	default:
+		return seriesStyle{k, "sluice, tuned route", color.RGBA{B: 200, G: 90, A: 255}, nil}
+	}
+}
+
+// writeTwoPlots draws top above bottom, 8 × 8 inches, to file as PNG.
+func writeTwoPlots(top, bottom *plot.Plot, file string) error {
+	img := vgimg.New(8*vg.Inch, 8*vg.Inch)
 	dc := draw.New(img)
 	tiles := draw.Tiles{Rows: 2, Cols: 1, PadTop: vg.Points(6), PadBottom: vg.Points(6), PadLeft: vg.Points(6), PadRight: vg.Points(12), PadY: vg.Points(12)}
-	canvases := plot.Align([][]*plot.Plot{{good}, {lat}}, tiles, dc)
-	good.Draw(canvases[0][0])
-	lat.Draw(canvases[1][0])
+	canvases := plot.Align([][]*plot.Plot{{top}, {bottom}}, tiles, dc)
+	top.Draw(canvases[0][0])
+	bottom.Draw(canvases[1][0])
 	return writePNG(img, file)
 }
 
