@@ -187,13 +187,20 @@ func (s *settler) write() {
 			return
 		}
 		s.queue, s.spare = s.spare[:0], q
+		// Mark the batch sent now, under the one lock: an answer may come
+		// back before the writer is done with the batch.
+		now := time.Now()
 		var conns uint64
 		if len(s.pending) > 0 {
 			conns = s.reconnects()
 		}
+		for _, p := range q {
+			if p.id != 0 {
+				p.sentAt, p.conns = now, conns
+			}
+		}
 		inbox := s.inbox
 		s.mu.Unlock()
-		now := time.Now()
 		for i, p := range q {
 			q[i] = nil
 			if p.id == 0 {
@@ -208,21 +215,16 @@ func (s *settler) write() {
 				s.replyBuf = strconv.AppendUint(append(append(s.replyBuf[:0], inbox...), '.'), p.id, 36)
 				err = s.nc.PublishRequest(p.subj, string(s.replyBuf), p.body)
 			}
-			s.mu.Lock()
-			if _, ok := s.pending[p.id]; !ok {
-				// Completed meanwhile (a reply to an earlier send, the
-				// sweep, Close).
-				s.mu.Unlock()
-				continue
-			}
 			if err != nil {
+				s.mu.Lock()
+				_, ok := s.pending[p.id]
 				delete(s.pending, p.id)
 				s.mu.Unlock()
-				p.d.settled(s.publishErr(err))
+				if ok {
+					p.d.settled(s.publishErr(err))
+				}
 				continue
 			}
-			p.sentAt, p.conns = now, conns
-			s.mu.Unlock()
 			if s.flush {
 				s.flushed = append(s.flushed, p)
 			}
