@@ -47,7 +47,10 @@ func (tp *natsTopic) Publish(t *testing.T, msgs []adaptertest.Msg) {
 		for k, v := range m.Headers {
 			h.Set(k, v)
 		}
-		f, err := tp.js.PublishMsgAsync(&nats.Msg{Subject: tp.subject, Data: m.Value, Header: h})
+		// A loaded machine (go test -race ./... on 2 cores) can leave more
+		// than the client's 4000 publishes unanswered for longer than the
+		// default 200 ms stall wait; waiting is right, failing is not.
+		f, err := tp.js.PublishMsgAsync(&nats.Msg{Subject: tp.subject, Data: m.Value, Header: h}, jetstream.WithStallWait(10*time.Second))
 		if err != nil {
 			t.Fatal(err)
 		}
