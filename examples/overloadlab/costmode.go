@@ -5,10 +5,15 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"image/color"
 	"io"
+	"path/filepath"
 	"time"
 
 	"github.com/sluice-go/sluice/consumer"
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/vg"
 )
 
 // costConfig is -mode cost (issue 11, section 4): a mix of cheap and dear
@@ -53,6 +58,7 @@ func (p costConfig) mean() time.Duration {
 type costRow struct {
 	kind       kind
 	label      string
+	short      string
 	units      float64 // goodput in cost units: handler-seconds of on-time work per second
 	capUnits   float64 // capacity in the same units
 	count      float64 // goodput, msg/s
@@ -82,21 +88,22 @@ func runCost(ctx context.Context, b broker, cfg config, rep *report, w io.Writer
 	type variant struct {
 		k     kind
 		label string
+		short string // in cost.png
 		tune  func(*consumer.Route)
 	}
 	var vs []variant
 	for _, k := range cfg.kinds {
-		vs = append(vs, variant{k, k.String(), nil})
+		vs = append(vs, variant{k, k.String(), k.String(), nil})
 		if k != sluiceMinimal {
 			continue
 		}
 		vs = append(vs,
-			variant{k, fmt.Sprintf("sluice, queue bounded by count (%d, ShedAck)", cfg.queueCap), func(r *consumer.Route) {
+			variant{k, fmt.Sprintf("sluice, queue bounded by count (%d, ShedAck)", cfg.queueCap), "sluice by count", func(r *consumer.Route) {
 				r.Window.Messages = cfg.queueCap + cfg.workers + 8
 				r.Overload.Queue = consumer.QueuePolicy{MaxLength: cfg.queueCap}
 				r.Overload.OnShed = consumer.ShedAck
 			}},
-			variant{k, fmt.Sprintf("sluice, cost-weighted (Sluice-Cost; queue %d units cheapest first, at most %d running, ShedAck)", queueUnits, (cfg.workers-1)*dearMS+10), func(r *consumer.Route) {
+			variant{k, fmt.Sprintf("sluice, cost-weighted (Sluice-Cost; queue %d units cheapest first, at most %d running, ShedAck)", queueUnits, (cfg.workers-1)*dearMS+10), "sluice by cost", func(r *consumer.Route) {
 				r.Window.Cost = consumer.CostPolicy{Header: consumer.CostHeader, Max: dearMS, MaxRunning: (cfg.workers-1)*dearMS + 10}
 				r.Window.Messages = cfg.workers*dearMS + 2*queueUnits
 				r.Overload.Queue = consumer.QueuePolicy{MaxCost: queueUnits, Order: consumer.QueueCheapestFirst}
@@ -114,10 +121,85 @@ func runCost(ctx context.Context, b broker, cfg config, rep *report, w io.Writer
 			return fmt.Errorf("cost %v: %w", v.label, err)
 		}
 		row := costRowOf(r, p, capUnits)
-		row.label = v.label
+		row.label, row.short = v.label, v.short
 		rep.cost = append(rep.cost, row)
 	}
-	return cfg.emitter(w)("cost.txt", costTable(rep.cost, cfg))
+	if err := cfg.emitter(w)("cost.txt", costTable(rep.cost, cfg)); err != nil {
+		return err
+	}
+	if cfg.out == "" {
+		return nil
+	}
+	png := filepath.Join(cfg.out, "cost.png")
+	if err := plotCost(rep.cost, png); err != nil {
+		return err
+	}
+	fmt.Fprintln(w, "plot:", png)
+	return nil
+}
+
+// plotCost draws each consumer's goodput in cost units (bars, share of
+// capacity) and the cheap class's p99 (points, log scale), with the
+// targets marked.
+func plotCost(rows []costRow, file string) error {
+	if len(rows) == 0 {
+		return nil
+	}
+	good, p99 := plot.New(), plot.New()
+	good.Title.Text = "Goodput in cost units (on-time handler-seconds per second)"
+	good.Y.Label.Text = "% of capacity"
+	p99.Title.Text = "p99 of the cheap class (successes)"
+	p99.Y.Label.Text = "ms (log scale)"
+	var shares plotter.Values
+	var pts plotter.XYs
+	var names []string
+	for i, r := range rows {
+		shares = append(shares, 100*r.units/r.capUnits)
+		if r.cheapP99 > 0 {
+			pts = append(pts, plotter.XY{X: float64(i), Y: max(float64(r.cheapP99)/float64(time.Millisecond), 1)})
+		}
+		names = append(names, r.short)
+	}
+	bars, err := plotter.NewBarChart(shares, vg.Points(28))
+	if err != nil {
+		return err
+	}
+	bars.Color = color.RGBA{G: 120, B: 180, A: 255}
+	good.Add(bars)
+	sc, err := plotter.NewScatter(pts)
+	if err != nil {
+		return err
+	}
+	sc.Color = color.RGBA{R: 200, A: 255}
+	sc.Radius = vg.Points(4)
+	p99.Add(sc)
+	for _, ref := range []struct {
+		pl   *plot.Plot
+		y    float64
+		name string
+	}{{good, 95, "target: 95% of capacity"}, {p99, 50, "target: 50 ms"}} {
+		l, err := plotter.NewLine(plotter.XYs{{X: -0.5, Y: ref.y}, {X: float64(len(rows)) - 0.5, Y: ref.y}})
+		if err != nil {
+			return err
+		}
+		l.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
+		l.Color = color.Gray{Y: 120}
+		ref.pl.Add(l)
+		ref.pl.Legend.Add(ref.name, l)
+	}
+	for _, p := range []*plot.Plot{good, p99} {
+		p.NominalX(names...)
+		p.Add(plotter.NewGrid())
+		p.X.Min, p.X.Max = -0.5, float64(len(rows))-0.5
+		p.Legend.Top = true
+	}
+	good.Y.Min, good.Y.Max = 0, 130
+	p99.Y.Scale, p99.Y.Tick.Marker = plot.LogScale{}, plot.LogTicks{}
+	p99.Y.Min = 1
+	for _, xy := range pts {
+		p99.Y.Max = max(p99.Y.Max, 3*xy.Y)
+	}
+	return writeTwoPlots(good, p99, file)
 }
 
 // capacityMix measures how many messages of the mix the workers handle per

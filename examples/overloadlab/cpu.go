@@ -5,8 +5,10 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"image/color"
 	"io"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -15,6 +17,9 @@ import (
 	"time"
 
 	"github.com/sluice-go/sluice/backpressure"
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/vg"
 )
 
 // cpuConfig is -mode cpu (issue 11, section 3): a CPU-bound handler, so
@@ -212,6 +217,39 @@ type cpuRow struct {
 	p50, p99        time.Duration
 	cpuMean, cpuMax float64
 	wasted          int
+	cpuLine         plotter.XYs // process CPU share per 500 ms, from the producer's start
+	goodLine        plotter.XYs // on-time successes per second, 500 ms bins
+}
+
+// cpuBin is the resolution of cpu.png.
+const cpuBin = 500 * time.Millisecond
+
+// cpuTimeline bins a trial's CPU samples and on-time runs.
+func cpuTimeline(r result, samples []cpuSample, cores float64, total time.Duration) (cpu, good plotter.XYs) {
+	n := int(total / cpuBin)
+	prev := 0
+	for i := 1; i <= n; i++ {
+		end := r.start.Add(time.Duration(i) * cpuBin)
+		j := prev
+		for j < len(samples)-1 && samples[j+1].at.Before(end) {
+			j++
+		}
+		if j > prev {
+			a, b := samples[prev], samples[j]
+			cpu = append(cpu, plotter.XY{X: (time.Duration(i) * cpuBin).Seconds(), Y: float64(b.cpu-a.cpu) / float64(b.at.Sub(a.at)) / cores})
+			prev = j
+		}
+	}
+	counts := make([]int, n)
+	for _, x := range r.runs {
+		if i := int(x.end.Sub(r.start) / cpuBin); x.onTime && i >= 0 && i < n {
+			counts[i]++
+		}
+	}
+	for i, c := range counts {
+		good = append(good, plotter.XY{X: (time.Duration(i+1) * cpuBin).Seconds(), Y: float64(c) / cpuBin.Seconds()})
+	}
+	return cpu, good
 }
 
 func runCPU(ctx context.Context, b broker, cfg config, rep *report, w io.Writer) error {
@@ -241,7 +279,7 @@ func runCPU(ctx context.Context, b broker, cfg config, rep *report, w io.Writer)
 		s.workers, s.cost, s.duration, s.work = p.workers, p.spin, p.dur, wk
 		s.window, s.margin = cfg.windowFor(p.workers), cfg.marginFor(p.spin, cfg.deadline)
 		s.warmup = min(cfg.deadline+2*time.Second, p.dur/2)
-		s.drain = 0
+		s.drain, s.keepRuns = 0, true
 		if v.resource {
 			m, err := backpressure.NewResourceMonitor(backpressure.ResourceOptions{CPUTarget: p.target})
 			if err != nil {
@@ -257,9 +295,82 @@ func runCPU(ctx context.Context, b broker, cfg config, rep *report, w io.Writer)
 		}
 		row := cpuRow{kind: v.k, label: v.label, capacity: capacity, good: r.goodput, p50: r.p50, p99: r.p99, wasted: r.wasted}
 		row.cpuMean, row.cpuMax = cpuShare(samples, r.measureWindow(), cores)
+		row.cpuLine, row.goodLine = cpuTimeline(r, samples, cores, p.dur)
 		rep.cpu = append(rep.cpu, row)
 	}
-	return cfg.emitter(w)("cpu.txt", cpuTable(rep.cpu, cfg, cores))
+	if err := cfg.emitter(w)("cpu.txt", cpuTable(rep.cpu, cfg, cores)); err != nil {
+		return err
+	}
+	if cfg.out == "" {
+		return nil
+	}
+	png := filepath.Join(cfg.out, "cpu.png")
+	if err := plotCPU(rep.cpu, cfg, png); err != nil {
+		return err
+	}
+	fmt.Fprintln(w, "plot:", png)
+	return nil
+}
+
+// plotCPU draws each consumer's process CPU share and on-time goodput over
+// its trial, with the CPU target and the capacity marked.
+func plotCPU(rows []cpuRow, cfg config, file string) error {
+	if len(rows) == 0 {
+		return nil
+	}
+	use, good := plot.New(), plot.New()
+	use.Title.Text = "Process CPU (share of the cores available, 500 ms bins)"
+	use.Y.Label.Text = "CPU share"
+	good.Title.Text = "Goodput (on-time successes per second)"
+	good.Y.Label.Text = "goodput, msg/s"
+	good.X.Label.Text = "seconds since the load began"
+	end := cfg.cpu.dur.Seconds()
+	top := rows[0].capacity
+	for _, ref := range []struct {
+		pl   *plot.Plot
+		y    float64
+		name string
+	}{{use, cfg.cpu.target, "CPU target"}, {good, rows[0].capacity, "measured capacity"}, {good, 0.9 * rows[0].capacity, "target: 90% of capacity"}} {
+		l, err := plotter.NewLine(plotter.XYs{{X: 0, Y: ref.y}, {X: end, Y: ref.y}})
+		if err != nil {
+			return err
+		}
+		l.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
+		l.Color = color.Gray{Y: 120}
+		ref.pl.Add(l)
+		ref.pl.Legend.Add(ref.name, l)
+	}
+	for _, r := range rows {
+		st := styleOf(r.kind)
+		if strings.Contains(r.label, "resource") {
+			st.col, st.dashes = color.RGBA{R: 120, B: 180, A: 255}, nil
+		}
+		for _, pair := range []struct {
+			pl  *plot.Plot
+			xys plotter.XYs
+		}{{use, r.cpuLine}, {good, r.goodLine}} {
+			if len(pair.xys) == 0 {
+				continue
+			}
+			l, err := plotter.NewLine(pair.xys)
+			if err != nil {
+				return err
+			}
+			l.Color, l.Dashes = st.col, st.dashes
+			pair.pl.Add(l)
+			pair.pl.Legend.Add(r.label, l)
+		}
+		for _, xy := range r.goodLine {
+			top = max(top, xy.Y)
+		}
+	}
+	for _, p := range []*plot.Plot{use, good} {
+		p.Add(plotter.NewGrid())
+		p.X.Min, p.X.Max, p.Y.Min = 0, end, 0
+		p.Legend.Top, p.Legend.Left = true, false
+	}
+	use.Y.Max, good.Y.Max = 1.6, 1.6*top
+	return writeTwoPlots(use, good, file)
 }
 
 func cpuTable(rows []cpuRow, cfg config, cores float64) string {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"math"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -144,5 +145,73 @@ func TestGridCSVRoundTrip(t *testing.T) {
 	}
 	if !strings.Contains(gridTable(back, broker), "failed") {
 		t.Error("a failed trial is not shown")
+	}
+}
+
+// The degrade, cpu and cost plots render from their rows, and the
+// timelines they draw count what the runs say.
+func TestModePlots(t *testing.T) {
+	cfg, err := parseFlags([]string{"-mode", "degrade", "-degrade-high-duration", "4s", "-degrade-low-duration", "3s", "-cpu-duration", "2s"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Unix(1000, 0)
+	drop := t0.Add(4 * time.Second)
+	runs := runsEvery(t0, drop, time.Second/600, 4*time.Millisecond, drop)
+	runs = append(runs, runsEvery(drop, drop.Add(3*time.Second), 10*time.Millisecond, 20*time.Millisecond, drop)...)
+	r := result{spec: trialSpec{kind: sluiceMinimal}, start: t0, runs: runs}
+	tl := timelineOf(r, 7*time.Second)
+	if len(tl) != 28 {
+		t.Fatalf("%d bins, want 28", len(tl))
+	}
+	if b := tl[4]; math.Abs(b.good-600) > 8 || b.degraded != 1 {
+		t.Errorf("burst bin: %+v", b)
+	}
+	if b := tl[20]; math.Abs(b.good-100) > 8 || b.degraded != 0 {
+		t.Errorf("after-burst bin: %+v", b)
+	}
+	dir := t.TempDir()
+	if d := os.Getenv("OVERLOADLAB_PLOTS"); d != "" {
+		dir = d // to look at them
+	}
+	row := degradeRowOf(r, 200, cfg)
+	row.burst, row.timeline = 4*time.Second, tl
+	if err := plotDegrade([]degradeRow{row}, cfg, filepath.Join(dir, "degrade.png")); err != nil {
+		t.Fatal(err)
+	}
+
+	// CPU: one core of two busy throughout, 100 on-time runs a second.
+	var samples []cpuSample
+	for i := range 21 {
+		at := t0.Add(time.Duration(i) * 100 * time.Millisecond)
+		samples = append(samples, cpuSample{at: at, cpu: time.Duration(i) * 100 * time.Millisecond})
+	}
+	cr := result{spec: trialSpec{kind: sluiceMinimal}, start: t0, runs: runsEvery(t0, t0.Add(2*time.Second), 10*time.Millisecond, time.Millisecond, t0)}
+	use, good := cpuTimeline(cr, samples, 2, 2*time.Second)
+	if len(use) == 0 || len(good) != 4 {
+		t.Fatalf("%d CPU points, %d goodput points", len(use), len(good))
+	}
+	for _, xy := range use {
+		if math.Abs(xy.Y-0.5) > 1e-9 {
+			t.Errorf("CPU share %.3f at %.1f s, want 0.5", xy.Y, xy.X)
+		}
+	}
+	if math.Abs(good[1].Y-100) > 2 {
+		t.Errorf("goodput %.1f/s, want 100", good[1].Y)
+	}
+	rows := []cpuRow{{kind: sluiceMinimal, label: "sluice minimal", capacity: 300, cpuLine: use, goodLine: good},
+		{kind: sluiceMinimal, label: "sluice minimal + resource signal", capacity: 300, cpuLine: use, goodLine: good}}
+	if err := plotCPU(rows, cfg, filepath.Join(dir, "cpu.png")); err != nil {
+		t.Fatal(err)
+	}
+	costRows := []costRow{{short: "by count", units: 3.6, capUnits: 4, cheapP99: 600 * time.Millisecond},
+		{short: "by cost", units: 3.9, capUnits: 4, cheapP99: 12 * time.Millisecond}}
+	if err := plotCost(costRows, filepath.Join(dir, "cost.png")); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"degrade.png", "cpu.png", "cost.png"} {
+		if st, err := os.Stat(filepath.Join(dir, f)); err != nil || st.Size() == 0 {
+			t.Errorf("%s: %v", f, err)
+		}
 	}
 }
