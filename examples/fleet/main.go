@@ -238,7 +238,8 @@ func natsMember(ctx context.Context, c config) (member, error) {
 // with one write call so a SIGKILL loses no line that was written.
 //
 //	ready                  the instance has joined (Kafka: its first assignment)
-//	h ID                   the handler finished message ID (before it is settled)
+//	h ID ATTEMPT           the handler finished message ID, delivered for the
+//	                       ATTEMPTth time (before it is settled)
 //	s ID                   the broker has message ID's ack (Kafka: marked for the next commit)
 //	w HOOK PEAK LIMIT HELD GEN PARTS
 //	                       every -report-every: the most messages held at once
@@ -261,7 +262,9 @@ func (r *reporter) line(s string) {
 	_, _ = io.WriteString(r.out, s+"\n")
 }
 
-func (r *reporter) handled(m *consumer.Message) { r.line("h " + string(m.Value)) }
+func (r *reporter) handled(m *consumer.Message) {
+	r.line("h " + string(m.Value) + " " + strconv.Itoa(m.Attempt))
+}
 
 // HookRoute implements consumer.Hook: the reporter counts what the route
 // holds from outside the route's own stats.

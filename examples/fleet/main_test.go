@@ -83,7 +83,11 @@ func TestReportsTheLedgerProtocol(t *testing.T) {
 		kind, rest, _ := strings.Cut(l, " ")
 		switch kind {
 		case "h":
-			handled[rest]++
+			id, attempt, _ := strings.Cut(rest, " ")
+			if attempt != "1" {
+				t.Errorf("line %q: want attempt 1", l)
+			}
+			handled[id]++
 		case "s":
 			if handled[rest] == 0 {
 				t.Errorf("%s settled before it was handled", rest)

@@ -13,12 +13,12 @@ func ExampleLedger() {
 	now := time.Now()
 	l := fleet.NewLedger()
 	l.Produced(3)
-	l.Handled(0, 0, now)
+	l.Handled(0, 0, 1, now)
 	l.Settled(0, 0, now)
-	l.Handled(0, 1, now)
+	l.Handled(0, 1, 1, now)
 	l.Ended(0, fleet.Killed, now.Add(time.Millisecond))
 	for id := 1; id < 3; id++ {
-		l.Handled(1, id, now.Add(time.Second))
+		l.Handled(1, id, 1, now.Add(time.Second))
 		l.Settled(1, id, now.Add(time.Second))
 	}
 	r := l.Report(fleet.Bounds{Window: 16})

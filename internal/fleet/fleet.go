@@ -110,17 +110,19 @@ func (f *Fleet) read(p *Proc, r io.Reader) {
 		kind, rest, _ := strings.Cut(line, " ")
 		switch kind {
 		case "h", "s":
-			id, err := strconv.Atoi(rest)
+			idText, attemptText, _ := strings.Cut(rest, " ")
+			id, err := strconv.Atoi(idText)
 			if err != nil {
 				continue
 			}
+			attempt, _ := strconv.Atoi(attemptText)
 			if kind == "s" {
 				p.settled.Add(1)
 				f.settled.Add(1)
 			}
 			if f.Ledger != nil {
 				if kind == "h" {
-					f.Ledger.Handled(p.ID, id, now)
+					f.Ledger.Handled(p.ID, id, attempt, now)
 				} else {
 					f.Ledger.Settled(p.ID, id, now)
 				}

@@ -302,8 +302,8 @@ func churn(t *testing.T, p plan, bin string, tg *target) {
 	kills, terms := 0, 0
 	for _, pr := range f.All() {
 		w := pr.Window()
-		t.Logf("%s instance %d (%v): held at most %d (hook) / %d (route's Window.Peak), window %d",
-			tg.name, pr.ID, pr.End(), w.HookPeak, w.RoutePeak, w.Limit)
+		t.Logf("%s instance %d (%v): held at most %d (hook) / %d (route's Window.Peak), window %d; settled %d; held %d at its last report",
+			tg.name, pr.ID, pr.End(), w.HookPeak, w.RoutePeak, w.Limit, pr.Settled(), w.Held)
 		if w.HookPeak > window || w.RoutePeak > window || w.Limit > window {
 			t.Errorf("%s instance %d held %d (route %d, limit %d): above its window %d", tg.name, pr.ID, w.HookPeak, w.RoutePeak, w.Limit, window)
 		}

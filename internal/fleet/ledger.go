@@ -80,6 +80,9 @@ type Ledger struct {
 	handled  [][]handling
 	insts    map[int]*instance
 	unknown  int // lines about ids out of range, or settled before handled
+	// redelivered counts handlings of a message the broker had delivered
+	// before (NATS: the held messages of a killed instance, after AckWait).
+	redelivered int
 }
 
 // NewLedger returns an empty ledger.
@@ -117,11 +120,16 @@ func (l *Ledger) inst(id int) *instance {
 	return in
 }
 
-// Handled records that instance inst finished handling message id.
-func (l *Ledger) Handled(inst, id int, at time.Time) {
+// Handled records that instance inst finished handling message id, which
+// the broker delivered for the attempt-th time (NATS counts deliveries;
+// Kafka has no count: always 1).
+func (l *Ledger) Handled(inst, id, attempt int, at time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.inst(inst)
+	if attempt > 1 {
+		l.redelivered++
+	}
 	if id < 0 || id >= maxID {
 		l.unknown++
 		return
@@ -209,13 +217,17 @@ type Report struct {
 	// OverBound lists the kills whose duplicates exceed their bound.
 	OverBound []KillReport
 	Unknown   int // protocol lines about ids never produced
+	// Redelivered counts handlings of messages the broker had delivered
+	// before: on NATS, those a killed instance held (handled or not) come
+	// back after AckWait. Kafka does not count deliveries (always 0).
+	Redelivered int
 }
 
 // Report tallies the ledger against b.
 func (l *Ledger) Report(b Bounds) Report {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	r := Report{Produced: l.produced, Unknown: l.unknown}
+	r := Report{Produced: l.produced, Unknown: l.unknown, Redelivered: l.redelivered}
 	for _, hs := range l.handled[l.produced:] {
 		if len(hs) > 0 {
 			r.Unknown++ // handled, but never produced
@@ -296,7 +308,7 @@ func (r Report) String() string {
 		fmt.Fprintf(&b, " (first: %v)", r.Lost)
 	}
 	fmt.Fprintf(&b, ", never reported settled %d\n", r.Unsettled)
-	fmt.Fprintf(&b, "duplicates %d:", r.Duplicates)
+	fmt.Fprintf(&b, "handled on a redelivery %d; duplicates %d:", r.Redelivered, r.Duplicates)
 	for c := range numCauses {
 		fmt.Fprintf(&b, " %s %d;", c, r.ByCause[c])
 	}

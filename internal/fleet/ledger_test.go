@@ -17,30 +17,30 @@ func TestLedgerCauses(t *testing.T) {
 	// Instance 0 is killed at 1000 ms: id 0 was settled long before (no
 	// duplicate), id 1 settled 500 ms before the kill (within the commit
 	// lag: handled again), id 2 handled but not settled (in flight).
-	l.Handled(0, 0, at(100))
+	l.Handled(0, 0, 1, at(100))
 	l.Settled(0, 0, at(100))
-	l.Handled(0, 1, at(500))
+	l.Handled(0, 1, 1, at(500))
 	l.Settled(0, 1, at(500))
-	l.Handled(0, 2, at(990))
+	l.Handled(0, 2, 1, at(990))
 	l.Ended(0, fleet.Killed, at(1000))
-	l.Handled(1, 1, at(7000))
+	l.Handled(1, 1, 1, at(7000))
 	l.Settled(1, 1, at(7000))
-	l.Handled(1, 2, at(7000))
+	l.Handled(1, 2, 2, at(7000)) // NATS: the second delivery
 	l.Settled(1, 2, at(7000))
 	// Instance 2 stops gracefully at 2000 ms; id 3 comes again after it.
-	l.Handled(2, 3, at(1500))
+	l.Handled(2, 3, 1, at(1500))
 	l.Settled(2, 3, at(1500))
 	l.Ended(2, fleet.Terminated, at(2000))
-	l.Handled(1, 3, at(2500))
+	l.Handled(1, 3, 1, at(2500))
 	l.Settled(1, 3, at(2500))
 	// Instance 1 handles id 4 twice while alive (a revoked partition).
-	l.Handled(1, 4, at(3000))
-	l.Handled(1, 4, at(3100))
+	l.Handled(1, 4, 1, at(3000))
+	l.Handled(1, 4, 1, at(3100))
 	l.Settled(1, 4, at(3100))
 	// id 5 is handled, never settled; 6 and 7 are lost.
-	l.Handled(1, 5, at(3200))
+	l.Handled(1, 5, 1, at(3200))
 	// A line about an id never produced.
-	l.Handled(1, 9, at(3300))
+	l.Handled(1, 9, 1, at(3300))
 
 	if got := l.Missing(); got != 2 {
 		t.Errorf("Missing = %d, want 2", got)
@@ -58,6 +58,9 @@ func TestLedgerCauses(t *testing.T) {
 		if r.ByCause[c] != n {
 			t.Errorf("%s: %d duplicates, want %d", c, r.ByCause[c], n)
 		}
+	}
+	if r.Redelivered != 1 {
+		t.Errorf("%d handled on a redelivery, want 1", r.Redelivered)
 	}
 	if r.Duplicates != 4 {
 		t.Errorf("%d duplicates, want 4", r.Duplicates)
