@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"net/http"
 	"os"
 	"os/signal"
 	"strconv"
@@ -21,6 +22,7 @@ import (
 
 	kafkaadapter "github.com/sluice-go/sluice/adapters/kafka"
 	natsadapter "github.com/sluice-go/sluice/adapters/nats"
+	"github.com/sluice-go/sluice/backpressure"
 	"github.com/sluice-go/sluice/consumer"
 	"github.com/sluice-go/sluice/expiry"
 )
@@ -45,6 +47,10 @@ type config struct {
 	report   bool
 	every    time.Duration
 	instance string
+
+	downstream string // call this URL per message instead of waiting cost
+	adaptive   bool   // an AdaptiveLimit drives the window
+	throttle   bool   // client-side throttling of the pull
 }
 
 func main() {
@@ -66,6 +72,9 @@ func main() {
 	flag.BoolVar(&c.report, "report", false, "write the ledger protocol on stdout (see doc.go)")
 	flag.DurationVar(&c.every, "report-every", 200*time.Millisecond, "how often -report writes the instance's window line")
 	flag.StringVar(&c.instance, "instance", strconv.Itoa(os.Getpid()), "this instance's name in logs")
+	flag.StringVar(&c.downstream, "downstream", "", "call this URL for each message instead of waiting -cost; 503 means overloaded")
+	flag.BoolVar(&c.adaptive, "adaptive", false, "an AdaptiveLimit drives the window's limit (at most -window)")
+	flag.BoolVar(&c.throttle, "throttle", false, "client-side adaptive throttling (SRE) of the route's pull")
 	flag.Parse()
 	log.SetPrefix("fleet[" + c.instance + "] ")
 
@@ -110,23 +119,26 @@ func run(ctx context.Context, c config, rep *reporter) error {
 		}
 	}()
 
-	cons, err := consumer.New(consumer.Options{ShutdownGrace: c.grace, Hook: rep},
-		consumer.Route{
-			Name: "work", Source: m.src, Workers: c.workers,
-			Window: consumer.WindowPolicy{Messages: c.window, Bytes: 1 << 20},
-			Expiry: expiry.Policy{IgnoreHeader: true},
-			Handler: func(ctx context.Context, msg *consumer.Message) error {
-				t := time.NewTimer(c.cost)
-				defer t.Stop()
-				select {
-				case <-t.C:
-				case <-ctx.Done():
-					return ctx.Err()
-				}
-				rep.handled(msg)
-				return nil
-			},
-		})
+	route := consumer.Route{
+		Name: "work", Source: m.src, Workers: c.workers,
+		Window: consumer.WindowPolicy{Messages: c.window, Bytes: 1 << 20},
+		Expiry: expiry.Policy{IgnoreHeader: true},
+		Handler: func(ctx context.Context, msg *consumer.Message) error {
+			t := time.NewTimer(c.cost)
+			defer t.Stop()
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			rep.handled(msg)
+			return nil
+		},
+	}
+	if err := overloadControls(c, &route, rep); err != nil {
+		return err
+	}
+	cons, err := consumer.New(consumer.Options{ShutdownGrace: c.grace, Hook: rep}, route)
 	if err != nil {
 		return err
 	}
@@ -167,6 +179,55 @@ func run(ctx context.Context, c config, rep *reporter) error {
 		err = nil
 	}
 	return errors.Join(err, cerr)
+}
+
+// overloadControls sets up the -downstream handler and the per-instance
+// overload controls: each instance's AdaptiveLimit and Throttle work on
+// what its own calls to the shared downstream see.
+func overloadControls(c config, r *consumer.Route, rep *reporter) error {
+	if c.adaptive {
+		al, err := backpressure.NewAdaptiveLimit(backpressure.AdaptiveLimitOptions{Max: c.window, Interval: 500 * time.Millisecond})
+		if err != nil {
+			return err
+		}
+		r.Overload.AdaptiveLimit = al
+	}
+	if c.throttle {
+		th, err := backpressure.NewThrottle(backpressure.ThrottleOptions{Window: 10 * time.Second})
+		if err != nil {
+			return err
+		}
+		r.Overload.Throttle = th
+	}
+	if c.downstream == "" {
+		return nil
+	}
+	// A refused call is handed back to the broker (with the retry
+	// backoff) as often as it takes: the demo counts calls, not letters.
+	r.Retry = consumer.RetryPolicy{MaxAttempts: 1000, BaseDelay: 20 * time.Millisecond, MaxDelay: 200 * time.Millisecond}
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: c.workers}}
+	url := c.downstream + "?instance=" + c.instance
+	r.Handler = func(ctx context.Context, msg *consumer.Message) error {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return consumer.Permanent(err)
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			return err
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		switch resp.StatusCode {
+		case http.StatusOK:
+			rep.handled(msg)
+			return nil
+		case http.StatusServiceUnavailable:
+			return backpressure.Overloaded(errors.New("downstream: 503"))
+		}
+		return fmt.Errorf("downstream: %s", resp.Status)
+	}
+	return nil
 }
 
 func kafkaMember(c config) (member, error) {
