@@ -30,8 +30,21 @@ const (
 	cost       = 8 * time.Millisecond
 	capacity   = float64(workers) / 0.008 // msg/s of one instance
 	partitions = 6
-	commitLag  = 1500 * time.Millisecond // CommitInterval (1 s) + a commit's round trip and the pipe
 )
+
+// commitInterval is the Kafka instances' CommitInterval:
+// $SLUICE_FLEET_COMMIT_INTERVAL, default 1 s (the adapter's default).
+func commitInterval(t *testing.T) time.Duration {
+	v := os.Getenv("SLUICE_FLEET_COMMIT_INTERVAL")
+	if v == "" {
+		return time.Second
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		t.Fatalf("SLUICE_FLEET_COMMIT_INTERVAL=%q: want a positive duration", v)
+	}
+	return d
+}
 
 // plan is how long each part of a run lasts.
 type plan struct {
@@ -384,10 +397,11 @@ func kafkaTarget(t *testing.T) *target {
 		}
 	})
 	brokers := strings.Join(cl.Brokers, ",")
+	ci := commitInterval(t)
 	return &target{
 		name: "kafka",
 		args: func(topic, group string) []string {
-			return []string{"-broker", "kafka", "-brokers", brokers, "-topic", topic, "-group", group,
+			return []string{"-broker", "kafka", "-brokers", brokers, "-topic", topic, "-group", group, "-commit-interval", ci.String(),
 				"-workers", strconv.Itoa(workers), "-window", strconv.Itoa(window), "-cost", cost.String()}
 		},
 		create: func(t *testing.T, prefix string) string { return cl.Topic(t, prefix, partitions) },
@@ -455,7 +469,9 @@ func kafkaTarget(t *testing.T) *target {
 			}
 			return parts == partitions
 		},
-		bounds: fleet.Bounds{Window: window, CommitLag: commitLag},
+		// A settlement waits up to a CommitInterval for its commit, plus
+		// the commit's round trip and the line's way through the pipe.
+		bounds: fleet.Bounds{Window: window, CommitLag: ci + 500*time.Millisecond},
 	}
 }
 
