@@ -8,6 +8,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	kafkaadapter "github.com/sluice-go/sluice/adapters/kafka"
+	"github.com/sluice-go/sluice/adapters/kafka/kafkatest"
 	"github.com/sluice-go/sluice/consumer"
 	"github.com/sluice-go/sluice/internal/adaptertest"
 )
@@ -34,12 +35,25 @@ func (tp *kafkaTopic) Publish(t *testing.T, msgs []adaptertest.Msg) {
 		for k, v := range m.Headers {
 			hs = append(hs, kafka.Header{Key: k, Value: []byte(v)})
 		}
-		out[i] = kafka.Message{Key: []byte(m.ID), Value: m.Value, Headers: hs}
+		key := m.Key
+		if key == "" {
+			key = m.ID
+		}
+		out[i] = kafka.Message{Key: []byte(key), Value: m.Value, Headers: hs}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := cluster.Produce(ctx, tp.topic, out); err != nil {
-		t.Fatal(err)
+	// Partitioned by key, as Kafka's producers do, so a key's messages
+	// share a partition, in publish order.
+	w := cluster.Writer(tp.topic)
+	w.Balancer = &kafka.Murmur2Balancer{}
+	defer kafkatest.CloseWriter(w)
+	for len(out) > 0 {
+		k := min(len(out), 1000)
+		if err := w.WriteMessages(ctx, out[:k]...); err != nil {
+			t.Fatal(err)
+		}
+		out = out[k:]
 	}
 }
 

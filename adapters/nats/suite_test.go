@@ -30,13 +30,13 @@ func (natsBroker) NewTopic(t *testing.T, name string) adaptertest.Topic {
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{name + ".>"}}); err != nil {
 		t.Fatal(err)
 	}
-	return &natsTopic{js: js, stream: stream, subject: name + ".x"}
+	return &natsTopic{js: js, stream: stream, prefix: name}
 }
 
 type natsTopic struct {
-	js      jetstream.JetStream
-	stream  string
-	subject string
+	js     jetstream.JetStream
+	stream string
+	prefix string // subjects are prefix.KEY (the Source's default key), prefix.x without a Key
 }
 
 func (tp *natsTopic) Publish(t *testing.T, msgs []adaptertest.Msg) {
@@ -47,10 +47,14 @@ func (tp *natsTopic) Publish(t *testing.T, msgs []adaptertest.Msg) {
 		for k, v := range m.Headers {
 			h.Set(k, v)
 		}
+		subject := tp.prefix + ".x"
+		if m.Key != "" {
+			subject = tp.prefix + "." + m.Key
+		}
 		// A loaded machine (go test -race ./... on 2 cores) can leave more
 		// than the client's 4000 publishes unanswered for longer than the
 		// default 200 ms stall wait; waiting is right, failing is not.
-		f, err := tp.js.PublishMsgAsync(&nats.Msg{Subject: tp.subject, Data: m.Value, Header: h}, jetstream.WithStallWait(10*time.Second))
+		f, err := tp.js.PublishMsgAsync(&nats.Msg{Subject: subject, Data: m.Value, Header: h}, jetstream.WithStallWait(10*time.Second))
 		if err != nil {
 			t.Fatal(err)
 		}
