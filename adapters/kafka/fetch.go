@@ -66,11 +66,16 @@ func (s *Source) fetchLoop(ctx context.Context, g *generation, parts []*partitio
 				p.wm.Deliver(r.offset)
 			}
 			if kept[i] == len(l) && p.skip > p.offset && !p.hold.After(time.Now()) {
-				// Everything up to a transaction marker was kept: the
-				// marker's offset is done too.
+				// Everything up to a transaction marker (or a record the
+				// commit's map lists as settled) was kept: the marker's
+				// offset is done too.
 				p.offset = p.skip
 				p.wm.Advance(p.skip)
 			}
+			// This response's only: a later round whose response leaves
+			// the partition out (kfake does, once the response is full)
+			// must not move past records it never kept.
+			p.skip = -1
 			s.stats.fetched.Add(int64(kept[i]))
 			s.stats.dropped.Add(int64(s.buf.publish(p, l[:kept[i]])))
 		}
