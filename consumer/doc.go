@@ -103,6 +103,56 @@
 // handler's ctx carries the message deadline and criticality; no context,
 // timer or goroutine is created per message for routes without a deadline.
 //
+// # Ordering
+//
+// Route.Ordering says which messages may run at the same time. Unordered
+// (the default) runs any message on any free worker. ByKey never runs two
+// messages with the same key at once and runs them in delivery order,
+// different keys in parallel on all the route's workers: a partition's
+// messages need no more partitions to go faster, and an account's debits
+// still apply in order. ByPartition runs a partition's messages one at a
+// time. The key is Message.Key within its stream or topic: Kafka's record
+// key, the NATS adapter's KeyHeader or the subject; a message without a key
+// keeps no order.
+//
+// A key's messages wait in the route, charged to the window, behind the
+// one that runs (RouteStats.Order.Waiting); Window.MaxPerKey (default half
+// the window) bounds how many one key holds: while a key is full the route
+// takes in nothing more, so a hot key cannot fill the window. An ordered
+// route composes with the rest like this:
+//
+//   - Retries: a message that fails with attempts left is not nak'd (the
+//     broker's redelivery would come after the key's later messages): it
+//     keeps its window slot, is kept alive, and runs again in place after
+//     the backoff with Attempt + 1, while its key waits
+//     (RouteStats.Order.Retries; OutcomeRetried is never counted). The same
+//     goes for "overloaded" hand-backs and for sheds settled by ShedNak
+//     (held back Overload.ShedDelay). A dead-letter write that fails is
+//     retried in place. So a key's later message never runs before an
+//     earlier one has succeeded, been dead-lettered, expired or been shed
+//     by ShedAck, in this process.
+//   - Expiry: a message whose deadline passes, waiting or at the head of
+//     its key, is settled as expired without running and frees its slot
+//     at once; the key goes on. Dead letters and ShedAck release the key
+//     the same way: a settled message is never run later.
+//   - Shutdown: messages not started are handed back (Nak) in key order, a
+//     key's later message after its earlier ones, so a broker that
+//     redelivers in nak order (a JetStream durable: nak'd messages first,
+//     oldest nak first) or from the last commit (Kafka) delivers them in
+//     order again.
+//   - Rebalances: a worker does not start a message its Source lost (an
+//     Acker that is Revocable: a revoked Kafka partition); it is handed
+//     back, and the partition's next owner continues from the final
+//     commit. Kafka gives a partition, and so each key, to one member at a
+//     time, so order holds across a rebalance as long as handlers finish
+//     within the adapter's revoke grace.
+//
+// What ByKey does not promise: order across processes sharing one JetStream
+// durable (the server spreads a subject's messages over them; give each
+// process its own filter subjects), nor the order of a duplicate: a message
+// redelivered after a lost acknowledgement (at-least-once) may run again
+// after its key's later messages.
+//
 // # Overload control
 //
 // Every OverloadPolicy option is off at its zero value and then costs
