@@ -80,6 +80,17 @@
 // it keeps its subject). Before 1.0 the key was the Nats-Msg-Id header,
 // which is unique per message and so orders nothing.
 //
+// On a route ordered consumer.ByKey (the key within the stream) or
+// consumer.ByPartition (the whole stream), a failed message is retried in
+// place, not nak'd, so no redelivery overtakes the key's later messages;
+// the route keeps it alive with InProgress meanwhile. Messages handed back
+// on shutdown are nak'd in key order, and JetStream redelivers nak'd
+// messages before new ones, oldest nak first, so the next run sees them in
+// order (messages left past AckWait, after a crash, are redelivered in
+// stream order). Order holds within one process: several processes on one
+// durable each get part of a key's messages; give each its own filter
+// subjects instead.
+//
 // # Faults
 //
 // A delivery that is not a pull status (it carries a JetStream ack
