@@ -244,6 +244,56 @@ func (s *Source) pull(ctx context.Context, n int, maxBytes int64) (out []*consum
 	return out, false, nil
 }
 
+// returnUnread naks, without delay and in the order they came, the
+// deliveries of the open pull request that no Fetch returned: the rest of a
+// request the route stopped reading when it shut down (waiting for it up to
+// the request's deadline). Left alone they would come back only after
+// AckWait, after the messages the next consumer reads first, so a keyed
+// route would see a key's earlier messages after its later ones; nak'd,
+// JetStream redelivers them before anything new, behind what the route
+// handed back itself.
+func (s *Source) returnUnread() {
+	s.mu.Lock()
+	ch, ok := s.ch, s.sub != nil && !s.closed
+	s.mu.Unlock()
+	if !ok {
+		return
+	}
+	naked := false
+	for {
+		var m *nats.Msg
+		select {
+		case m = <-ch:
+		default:
+			d := time.Until(s.req.deadline)
+			if s.req.msgs <= 0 || d <= 0 {
+				if naked {
+					_ = s.nc.FlushTimeout(time.Second)
+				}
+				return
+			}
+			t := time.NewTimer(d)
+			select {
+			case m = <-ch:
+				t.Stop()
+			case <-t.C:
+				continue
+			}
+		}
+		if isStatus(m) {
+			if m.Subject == s.req.reply && m.Header.Get("Status") != "100" {
+				s.req = openRequest{} // the request is over
+			}
+			continue
+		}
+		s.req.msgs--
+		if m.Nak() == nil {
+			naked = true
+			s.c.returnedUnread.Add(1)
+		}
+	}
+}
+
 func (s *Source) subGone() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -155,6 +155,7 @@ type sourceCounters struct {
 	ackPendingRaises atomic.Uint64
 	statusHeaders    atomic.Uint64
 	settleErrors     atomic.Uint64
+	returnedUnread   atomic.Uint64
 }
 
 // SourceStats are a Source's own counters.
@@ -185,6 +186,9 @@ type SourceStats struct {
 	// AckPendingRaises counts the times the Source raised its consumer's
 	// MaxAckPending to make room for delayed naks.
 	AckPendingRaises uint64
+	// ReturnedUnread counts deliveries Close nak'd because no Fetch
+	// returned them (the route had stopped reading).
+	ReturnedUnread uint64
 }
 
 // Stats returns the Source's counters.
@@ -198,6 +202,7 @@ func (s *Source) Stats() SourceStats {
 		DelayedNaks:            s.delayed.count(time.Now().UnixNano()),
 		MaxAckPending:          s.maxAckPending(),
 		AckPendingRaises:       s.c.ackPendingRaises.Load(),
+		ReturnedUnread:         s.c.returnedUnread.Load(),
 	}
 }
 
@@ -376,10 +381,14 @@ func (s *Source) maxDeliverLocked(info *jetstream.ConsumerInfo) int {
 }
 
 // Close drops the Source's subscriptions. Fetch then returns
-// consumer.ErrClosed. Settlements still waiting for the server's answer
-// complete with ErrAckUnconfirmed (the broker redelivers those messages
-// unless the settlement landed); later settlements fail.
+// consumer.ErrClosed. Deliveries of the last pull request that no Fetch
+// returned (the route stopped reading) are nak'd first, in the order they
+// came, so they come back at once rather than after AckWait. Settlements
+// still waiting for the server's answer complete with ErrAckUnconfirmed
+// (the broker redelivers those messages unless the settlement landed);
+// later settlements fail. Call it after the consumer's Run returned.
 func (s *Source) Close() error {
+	s.returnUnread()
 	s.mu.Lock()
 	s.closed = true
 	sub := s.sub
