@@ -97,6 +97,7 @@ type orderer struct {
 	// ahead of its key's later messages (deferGiveBack).
 	returned map[dlq.Origin]bool
 	active   int // keys holding messages
+	idle     int // keys in the maps holding none (kept for reuse)
 	waiting  int // messages waiting for their key's head
 	// The fetch loop waits for full (a key at perKey) to have room: room
 	// is closed when it has.
@@ -149,44 +150,64 @@ func scopeOf(m *Message) string {
 // its key is held. o.mu held.
 func (o *orderer) key(m *Message, create bool) *keyState {
 	scope := scopeOf(m)
+	var k *keyState
 	if o.by == ByPartition {
 		pk := partKey{scope, m.Origin.Partition}
-		k := o.parts[pk]
-		if k == nil && create {
+		if k = o.parts[pk]; k == nil && create {
 			k = &keyState{scope: scope, part: pk.part}
 			o.parts[pk] = k
-			o.active++
+			o.idle++
 		}
-		return k
-	}
-	if len(m.Key) == 0 {
-		return nil
-	}
-	inner := o.keys[scope]
-	k := inner[string(m.Key)]
-	if k == nil && create {
-		if inner == nil {
-			inner = map[string]*keyState{}
-			o.keys[scope] = inner
+	} else {
+		if len(m.Key) == 0 {
+			return nil
 		}
-		k = &keyState{scope: scope, name: string(m.Key)}
-		inner[k.name] = k
+		inner := o.keys[scope]
+		if k = inner[string(m.Key)]; k == nil && create {
+			if inner == nil {
+				inner = map[string]*keyState{}
+				o.keys[scope] = inner
+			}
+			k = &keyState{scope: scope, name: string(m.Key)}
+			inner[k.name] = k
+			o.idle++
+		}
+	}
+	if k != nil && k.n == 0 {
+		if !create {
+			return nil
+		}
+		o.idle--
 		o.active++
 	}
 	return k
 }
 
+// drop marks k, now empty, idle. Idle keys stay in the maps, so a key
+// that comes back costs no allocation; once there are more than twice the
+// window (and 1,024), they are all removed.
 func (o *orderer) drop(k *keyState) {
 	o.active--
-	if o.by == ByPartition {
-		delete(o.parts, partKey{k.scope, k.part})
+	o.idle++
+	if o.idle <= max(1024, 2*o.r.cfg.Window.Messages) {
 		return
 	}
-	inner := o.keys[k.scope]
-	delete(inner, k.name)
-	if len(inner) == 0 {
-		delete(o.keys, k.scope)
+	for pk, k := range o.parts {
+		if k.n == 0 {
+			delete(o.parts, pk)
+		}
 	}
+	for scope, inner := range o.keys {
+		for name, k := range inner {
+			if k.n == 0 {
+				delete(inner, name)
+			}
+		}
+		if len(inner) == 0 {
+			delete(o.keys, scope)
+		}
+	}
+	o.idle = 0
 }
 
 // enqueue queues a message admit has charged to the window: for a worker at
