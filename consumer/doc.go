@@ -149,9 +149,11 @@
 //
 // What ByKey does not promise: order across processes sharing one JetStream
 // durable (the server spreads a subject's messages over them; give each
-// process its own filter subjects), nor the order of a duplicate: a message
-// redelivered after a lost acknowledgement (at-least-once) may run again
-// after its key's later messages.
+// process its own filter subjects); order across a crash on JetStream (what
+// the dead process held comes back after AckWait, behind newer messages;
+// Kafka replays from the last commit, in order); nor the order of a
+// duplicate: a message redelivered after a lost acknowledgement
+// (at-least-once) may run again after its key's later messages.
 //
 // # Overload control
 //

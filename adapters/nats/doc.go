@@ -86,10 +86,14 @@
 // the route keeps it alive with InProgress meanwhile. Messages handed back
 // on shutdown are nak'd in key order, and JetStream redelivers nak'd
 // messages before new ones, oldest nak first, so the next run sees them in
-// order (messages left past AckWait, after a crash, are redelivered in
-// stream order). Order holds within one process: several processes on one
-// durable each get part of a key's messages; give each its own filter
-// subjects instead.
+// order. After a crash it is weaker: what the dead process held comes back
+// only after AckWait (in stream order), while the next process on the
+// durable is already served newer messages, so a key's newer message can
+// run before an older one the dead process never finished. Start the
+// replacement after AckWait, or keep AckWait short (the route keeps held
+// messages alive), where that matters. Order holds within one process:
+// several processes on one durable each get part of a key's messages; give
+// each its own filter subjects instead.
 //
 // # Faults
 //
