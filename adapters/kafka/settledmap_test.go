@@ -15,6 +15,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/segmentio/kafka-go"
+
+	kafkaadapter "github.com/sluice-go/sluice/adapters/kafka"
 	"github.com/sluice-go/sluice/adapters/kafka/kafkatest"
 	"github.com/sluice-go/sluice/consumer"
 	"github.com/sluice-go/sluice/dlq"
@@ -268,4 +271,115 @@ func killChild(t *testing.T) {
 	}})
 	defer m.stop(t)
 	time.Sleep(5 * time.Minute) // until the parent kills it
+}
+
+// TestSettledMapForeignMetadata: a commit that carries no sluice map for
+// its own offset is a plain watermark. Each partition of a topic is
+// committed at the same offset by a plain (simple) commit, as another
+// client or a sluice from before the map leaves it: no metadata, another
+// client's opaque metadata, junk behind sluice's prefix, a sluice map
+// written for another offset; the consumer that starts next runs every
+// record from the commit point on, skipping none. The control partition,
+// committed with a map for its offset, skips exactly what the map lists:
+// the test can tell the two apart.
+func TestSettledMapForeignMetadata(t *testing.T) {
+	const at = 40
+	control := kafkaadapter.EncodeSettled(at, [2]int64{at + 5, at + 15}, [2]int64{at + 30, at + 31})
+	metas := []struct{ name, meta string }{
+		{"older sluice (none)", ""},
+		{"another client", "AQAAAAEAAAAAAAAAAQ=="},
+		{"another client's text", "host=worker-7;ts=1764730000"},
+		{"junk after the prefix", "sluice:s1:!not base64!"},
+		{"map of another offset", kafkaadapter.EncodeSettled(at-3, [2]int64{at + 5, at + 15})},
+		{"control: map of this offset", control},
+	}
+	skipped := map[int64]bool{}
+	for o := int64(at + 5); o < at+15; o++ {
+		skipped[o] = true
+	}
+	skipped[at+30] = true
+	ctl := len(metas) - 1
+	parts := len(metas)
+	topic := cluster.Topic(t, "mapforeign", parts)
+	group := kafkatest.UniqueName("mapforeign")
+	end := produceN(t, topic, 150*parts, 32, nil)
+	commits := map[string][]kafka.OffsetCommit{}
+	for p, m := range metas {
+		if end[p] < at+40 {
+			t.Fatalf("partition %d has %d records: too few for the test", p, end[p])
+		}
+		commits[topic] = append(commits[topic], kafka.OffsetCommit{Partition: p, Offset: at, Metadata: m.meta})
+	}
+	simpleCommit(t, group, commits)
+
+	var mu sync.Mutex
+	ran := map[dlq.Origin]int{}
+	want := 0
+	for p := range metas {
+		want += int(end[p] - at)
+	}
+	want -= len(skipped)
+	m := startMember(t, testConfig(group, topic), consumer.Route{Handler: func(_ context.Context, m *consumer.Message) error {
+		mu.Lock()
+		ran[dlq.Origin{Partition: m.Origin.Partition, Offset: m.Origin.Offset}]++
+		mu.Unlock()
+		return nil
+	}})
+	waitFor(t, 60*time.Second, "every record from the commit point on", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(ran) >= want
+	})
+	m.stop(t)
+	mu.Lock()
+	defer mu.Unlock()
+	for p, meta := range metas {
+		missing, extra := 0, 0
+		for o := int64(0); o < end[p]; o++ {
+			n := ran[dlq.Origin{Partition: int32(p), Offset: o}]
+			expect := o >= at && !(p == ctl && skipped[o])
+			switch {
+			case expect && n == 0:
+				missing++
+			case !expect && n > 0:
+				extra++
+			}
+		}
+		if missing > 0 || extra > 0 {
+			t.Errorf("partition %d (%s, metadata %q): %d records from the commit point on not run, %d run that should not have been",
+				p, meta.name, meta.meta, missing, extra)
+		}
+	}
+	st := m.src.Stats()
+	if st.SkippedSettled != int64(len(skipped)) || st.MapsRestored != 1 {
+		t.Errorf("skipped %d records in %d partition maps, want %d in 1 (the control's)", st.SkippedSettled, st.MapsRestored, len(skipped))
+	}
+}
+
+// simpleCommit commits offsets for group outside any generation, as a
+// tool or a standalone client does, retrying while the coordinator loads.
+func simpleCommit(t *testing.T, group string, topics map[string][]kafka.OffsetCommit) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for {
+		res, err := cluster.Client().OffsetCommit(ctx, &kafka.OffsetCommitRequest{GroupID: group, GenerationID: -1, Topics: topics})
+		if err == nil {
+			for _, ps := range res.Topics {
+				for _, p := range ps {
+					if p.Error != nil && err == nil {
+						err = p.Error
+					}
+				}
+			}
+		}
+		var kerr kafka.Error
+		if err == nil {
+			return
+		}
+		if !errors.As(err, &kerr) || !kerr.Temporary() || ctx.Err() != nil {
+			t.Fatalf("commit: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
