@@ -2,6 +2,7 @@ package kafkaadapter_test
 
 import (
 	"context"
+	"math/rand/v2"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -16,14 +17,19 @@ import (
 // BenchmarkOrdered consumes b.N messages of one partition, on 10,000 keys,
 // through the same route (16 workers, window 256, a handler sleeping 2 ms)
 // ordered by=key or by=partition: ByKey runs different keys in parallel,
-// ByPartition one message at a time. A checker records each key's sequence
-// and fails the benchmark if one ran out of order or two of a key ran at
-// once. ns/op is the time per message from the first message to the last
-// (joining the group is not timed). Interleaved pairs, ByKey's throughput
-// against ByPartition's:
+// ByPartition one message at a time. Every key has at least two messages,
+// in random places of the partition (b.N >= 20,000: the 10,000 keys, each
+// b.N/10,000 times; fewer messages: b.N/2 keys, twice each), and a checker
+// records each key's sequence and fails the benchmark if a message ran
+// before an earlier one of its key, twice, or while another of its key
+// ran. ns/op is the time per message from the first message to the last
+// (joining the group is not timed); "checked" is how many messages came
+// after an earlier one of their key (the order the checker verified).
+// Interleaved pairs, ByKey's throughput against ByPartition's (the figures
+// of docs/benchmarks.md, on kfake and on a real broker):
 //
-//	scripts/benchpairs ./adapters/kafka BenchmarkOrdered/by=partition BenchmarkOrdered/by=key 5 4000x
-//	KAFKA_BROKERS=127.0.0.1:PORT scripts/benchpairs ./adapters/kafka BenchmarkOrdered/by=partition BenchmarkOrdered/by=key 5 4000x
+//	scripts/benchpairs ./adapters/kafka BenchmarkOrdered/by=partition BenchmarkOrdered/by=key 5 20000x
+//	KAFKA_BROKERS=127.0.0.1:PORT scripts/benchpairs ./adapters/kafka BenchmarkOrdered/by=partition BenchmarkOrdered/by=key 5 20000x
 func BenchmarkOrdered(b *testing.B) {
 	for _, by := range []consumer.Ordering{consumer.ByKey, consumer.ByPartition} {
 		name := map[consumer.Ordering]string{consumer.ByKey: "key", consumer.ByPartition: "partition"}[by]
@@ -36,7 +42,12 @@ const orderedKeys = 10_000
 func benchOrdered(b *testing.B, by consumer.Ordering) {
 	n := b.N
 	topic := cluster.Topic(b, "ordered", 1)
-	produceKeyed(b, topic, n, orderedKeys)
+	keys := make([]int, n)
+	for i := range keys {
+		keys[i] = i % max(1, min(orderedKeys, n/2))
+	}
+	rand.Shuffle(n, func(i, j int) { keys[i], keys[j] = keys[j], keys[i] })
+	produceKeyed(b, topic, n, func(i int) int { return keys[i] })
 	runtime.GC()
 
 	var (
@@ -44,6 +55,7 @@ func benchOrdered(b *testing.B, by consumer.Ordering) {
 		running    = map[string]bool{}
 		last       = map[string]int{}
 		violations int
+		checked    int
 		done       atomic.Int64
 		t0         time.Time
 	)
@@ -55,8 +67,12 @@ func benchOrdered(b *testing.B, by consumer.Ordering) {
 			t0 = time.Now()
 			b.StartTimer()
 		}
-		if l, ok := last[key]; running[key] || ok && seq <= l {
+		l, ok := last[key]
+		if running[key] || ok && seq <= l {
 			violations++
+		}
+		if ok {
+			checked++
 		}
 		running[key], last[key] = true, seq
 		mu.Unlock()
@@ -106,4 +122,5 @@ func benchOrdered(b *testing.B, by consumer.Ordering) {
 	}
 	b.ReportMetric(float64(n)/elapsed.Seconds(), "msg/s")
 	b.ReportMetric(float64(len(last)), "keys")
+	b.ReportMetric(float64(checked), "checked")
 }

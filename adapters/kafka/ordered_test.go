@@ -17,16 +17,16 @@ import (
 	"github.com/sluice-go/sluice/consumer"
 )
 
-// produceKeyed writes n messages "i:", each on one of keys keys drawn at
-// random, partitioned by key with murmur2 as Kafka's producers do, and
-// returns the end offsets.
-func produceKeyed(t testing.TB, topic string, n, keys int) map[int]int64 {
+// produceKeyed writes n messages "i:", message i on key "key<keyOf(i)>",
+// partitioned by key with murmur2 as Kafka's producers do, and returns the
+// end offsets.
+func produceKeyed(t testing.TB, topic string, n int, keyOf func(i int) int) map[int]int64 {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	msgs := make([]kafka.Message, n)
 	for i := range msgs {
-		msgs[i] = kafka.Message{Key: []byte("key" + strconv.Itoa(rand.IntN(keys))), Value: []byte(strconv.Itoa(i) + ":")}
+		msgs[i] = kafka.Message{Key: []byte("key" + strconv.Itoa(keyOf(i))), Value: []byte(strconv.Itoa(i) + ":")}
 	}
 	w := cluster.Writer(topic)
 	w.Balancer = &kafka.Murmur2Balancer{}
@@ -112,7 +112,7 @@ func TestOrderedRebalance(t *testing.T) {
 	const n, parts, keys = 4000, 4, 300
 	topic := cluster.Topic(t, "orderrebal", parts)
 	group := kafkatest.UniqueName("orderrebal")
-	produceKeyed(t, topic, n, keys)
+	produceKeyed(t, topic, n, func(int) int { return rand.IntN(keys) })
 	check := newKeyOrder()
 	route := consumer.Route{
 		Workers: 8, Ordering: consumer.ByKey,
