@@ -20,3 +20,7 @@ func EncodeSettled(mark int64, ranges ...[2]int64) string {
 	}
 	return encodeSettled(mark, s)
 }
+
+// PlainCommits makes s commit plain watermarks, without the settled map
+// (the baseline the map is measured against). Call it before s is used.
+func PlainCommits(s *Source) { s.plainCommits = true }

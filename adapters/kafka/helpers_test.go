@@ -247,11 +247,14 @@ type member struct {
 	c      *consumer.Consumer
 }
 
-func startMember(t testing.TB, cfg kafkaadapter.Config, route consumer.Route) *member {
+func startMember(t testing.TB, cfg kafkaadapter.Config, route consumer.Route, opts ...func(*kafkaadapter.Source)) *member {
 	t.Helper()
 	src, err := kafkaadapter.NewSource(cfg)
 	if err != nil {
 		t.Fatal(err)
+	}
+	for _, o := range opts {
+		o(src)
 	}
 	route.Source = src
 	if route.Name == "" {

@@ -59,11 +59,37 @@ func (l *runLedger) count() (unique, reruns int) {
 	return unique, reruns
 }
 
+// ledgerBaselineEnv set to 1 runs each ledger test a second time with
+// plain commits (kafkaadapter.PlainCommits: the watermark alone, what the
+// map improves on), measured and logged, not asserted: the "before" of
+// docs/benchmarks.md.
+const ledgerBaselineEnv = "SLUICE_LEDGER_BASELINE"
+
+// ledgerModes runs f with the settled map ("map") and, with
+// ledgerBaselineEnv=1, with plain commits ("plain").
+func ledgerModes(t *testing.T, f func(t *testing.T, plain bool)) {
+	t.Run("map", func(t *testing.T) { f(t, false) })
+	if os.Getenv(ledgerBaselineEnv) == "1" {
+		t.Run("plain", func(t *testing.T) { f(t, true) })
+	}
+}
+
+// mode names a ledger run and returns the member options it uses.
+func mode(plain bool) (string, []func(*kafkaadapter.Source)) {
+	if plain {
+		return "plain watermark", []func(*kafkaadapter.Source){kafkaadapter.PlainCommits}
+	}
+	return "settled map", nil
+}
+
 // TestSettledMapGracefulRestart: one message in ~100 fails once and waits
 // 3 s for its retry, so the commit point lags far behind the work done; a
 // graceful stop commits the map of what was settled above it, and the
 // consumer started next does not run any of that again.
-func TestSettledMapGracefulRestart(t *testing.T) {
+func TestSettledMapGracefulRestart(t *testing.T) { ledgerModes(t, testSettledMapGracefulRestart) }
+
+func testSettledMapGracefulRestart(t *testing.T, plain bool) {
+	name, opts := mode(plain)
 	const n, parts = 3000, 2
 	topic := cluster.Topic(t, "mapstop", parts)
 	group := kafkatest.UniqueName("mapstop")
@@ -81,18 +107,21 @@ func TestSettledMapGracefulRestart(t *testing.T) {
 			return nil
 		},
 	}
-	a := startMember(t, testConfig(group, topic), route)
+	a := startMember(t, testConfig(group, topic), route, opts...)
 	waitFor(t, 30*time.Second, "half the work", func() bool { u, _ := l.count(); return u >= n/2 })
 	a.stop(t)
 	first, _ := l.count()
 	l.next()
-	b := startMember(t, testConfig(group, topic), route)
+	b := startMember(t, testConfig(group, topic), route, opts...)
 	waitFor(t, 60*time.Second, "all the work", func() bool { u, _ := l.count(); return u >= n })
 	b.stop(t)
 	_, reruns := l.count()
 	sa, sb := a.src.Stats(), b.src.Stats()
-	t.Logf("%s: %d succeeded before the stop; after it %d re-runs, %d records skipped as settled (%d partition maps)",
-		cluster.Kind(), first, reruns, sb.SkippedSettled, sb.MapsRestored)
+	t.Logf("ledger: graceful restart, %s, %s: %d succeeded before the stop; after it %d re-runs, %d records skipped as settled (%d partition maps)",
+		cluster.Kind(), name, first, reruns, sb.SkippedSettled, sb.MapsRestored)
+	if plain {
+		return
+	}
 	if reruns != 0 {
 		t.Errorf("%d messages that had succeeded ran again after a graceful stop", reruns)
 	}
@@ -105,7 +134,10 @@ func TestSettledMapGracefulRestart(t *testing.T) {
 // with messages retried for 1 s holding each partition's commit point
 // back; at each rebalance the final commit carries the map, and no message
 // that succeeded runs again anywhere.
-func TestSettledMapRebalance(t *testing.T) {
+func TestSettledMapRebalance(t *testing.T) { ledgerModes(t, testSettledMapRebalance) }
+
+func testSettledMapRebalance(t *testing.T, plain bool) {
+	name, opts := mode(plain)
 	const n, parts = 4000, 4
 	topic := cluster.Topic(t, "maprebal", parts)
 	group := kafkatest.UniqueName("maprebal")
@@ -124,11 +156,11 @@ func TestSettledMapRebalance(t *testing.T) {
 		},
 	}
 	progress := func(k int) func() bool { return func() bool { u, _ := l.count(); return u >= k } }
-	a := startMember(t, testConfig(group, topic), route)
+	a := startMember(t, testConfig(group, topic), route, opts...)
 	waitFor(t, 30*time.Second, "first progress", progress(n/5))
-	b := startMember(t, testConfig(group, topic), route)
+	b := startMember(t, testConfig(group, topic), route, opts...)
 	waitFor(t, 30*time.Second, "progress with two", progress(2*n/5))
-	c := startMember(t, testConfig(group, topic), route)
+	c := startMember(t, testConfig(group, topic), route, opts...)
 	waitFor(t, 30*time.Second, "progress with three", progress(3*n/5))
 	a.stop(t)
 	waitFor(t, 30*time.Second, "progress after a left", progress(4*n/5))
@@ -141,8 +173,11 @@ func TestSettledMapRebalance(t *testing.T) {
 		s := m.src.Stats()
 		skipped, maps, stale, gens = skipped+s.SkippedSettled, maps+s.MapsRestored, stale+s.StaleSettles, gens+s.Generations
 	}
-	t.Logf("%s: %d generations; %d re-runs of succeeded messages, %d records skipped as settled (%d partition maps), %d stale settles",
-		cluster.Kind(), gens, reruns, skipped, maps, stale)
+	t.Logf("ledger: rebalances, %s, %s: %d generations; %d re-runs of succeeded messages, %d records skipped as settled (%d partition maps), %d stale settles",
+		cluster.Kind(), name, gens, reruns, skipped, maps, stale)
+	if plain {
+		return
+	}
 	if reruns != 0 {
 		t.Errorf("%d messages that had succeeded ran again across rebalances", reruns)
 	}
@@ -165,6 +200,11 @@ func TestSettledMapKill(t *testing.T) {
 		killChild(t)
 		return
 	}
+	ledgerModes(t, testSettledMapKill)
+}
+
+func testSettledMapKill(t *testing.T, plain bool) {
+	name, opts := mode(plain)
 	const n, parts = 8000, 2
 	const interval = 250 * time.Millisecond
 	topic := cluster.Topic(t, "mapkill", parts)
@@ -172,7 +212,7 @@ func TestSettledMapKill(t *testing.T) {
 	produceN(t, topic, n, 64, nil)
 	log := filepath.Join(t.TempDir(), "runs")
 	cmd := exec.Command(os.Args[0], "-test.run=^TestSettledMapKill$", "-test.count=1")
-	cmd.Env = append(os.Environ(), killChildEnv+"="+strings.Join([]string{topic, group, log, interval.String()}, ","),
+	cmd.Env = append(os.Environ(), killChildEnv+"="+strings.Join([]string{topic, group, log, interval.String(), strconv.FormatBool(plain)}, ","),
 		kafkatest.EnvBrokers+"="+strings.Join(cluster.Brokers, ","))
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Start(); err != nil {
@@ -194,7 +234,7 @@ func TestSettledMapKill(t *testing.T) {
 	m := startMember(t, cfg, consumer.Route{Workers: 8, Retry: retryLater, Handler: func(_ context.Context, m *consumer.Message) error {
 		l.succeeded(m.Origin)
 		return nil
-	}})
+	}}, opts...)
 	waitFor(t, 60*time.Second, "all the work", func() bool { u, _ := l.count(); return u >= n })
 	m.stop(t)
 	_, reruns := l.count()
@@ -218,8 +258,11 @@ func TestSettledMapKill(t *testing.T) {
 			tooOld++
 		}
 	}
-	t.Logf("%s: the child succeeded %d times before SIGKILL, %d in its last %v; %d re-runs after it (%d skipped as settled by the map)",
-		cluster.Kind(), len(child), late, interval+interval/2, reruns, m.src.Stats().SkippedSettled)
+	t.Logf("ledger: SIGKILL, %s, %s: the child succeeded %d times before SIGKILL, %d in its last %v; %d re-runs after it (%d of work older than that; %d skipped as settled by the map)",
+		cluster.Kind(), name, len(child), late, interval+interval/2, reruns, tooOld, m.src.Stats().SkippedSettled)
+	if plain {
+		return
+	}
 	if tooOld > 0 {
 		t.Errorf("%d re-runs of work settled more than a commit interval before the kill", tooOld)
 	}
@@ -252,6 +295,8 @@ func killChild(t *testing.T) {
 	args := strings.Split(os.Getenv(killChildEnv), ",")
 	topic, group, path := args[0], args[1], args[2]
 	interval, _ := time.ParseDuration(args[3])
+	plain, _ := strconv.ParseBool(args[4])
+	_, opts := mode(plain)
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		t.Fatal(err)
@@ -268,7 +313,7 @@ func killChild(t *testing.T) {
 		_, err := f.WriteString(strconv.Itoa(int(m.Origin.Partition)) + " " + strconv.FormatInt(m.Origin.Offset, 10) + " " +
 			strconv.FormatInt(time.Now().UnixNano(), 10) + "\n")
 		return err
-	}})
+	}}, opts...)
 	defer m.stop(t)
 	time.Sleep(5 * time.Minute) // until the parent kills it
 }
