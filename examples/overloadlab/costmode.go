@@ -23,6 +23,8 @@ type costConfig struct {
 	cheapShare  float64 // by count
 	load        float64
 	dur         time.Duration
+	queueUnits  int    // the cost-weighted route's queue bound; 0: one dear run per worker
+	order       string // the cost-weighted route's queue order: fifo or cheapest
 }
 
 func (c *config) addCostFlags(fs *flag.FlagSet) {
@@ -32,6 +34,8 @@ func (c *config) addCostFlags(fs *flag.FlagSet) {
 	fs.Float64Var(&p.cheapShare, "cost-cheap-share", 0.9, "cost mode: share of the messages (by count) that are cheap")
 	fs.Float64Var(&p.load, "cost-load", 3, "cost mode: offered load × capacity (in cost units)")
 	fs.DurationVar(&p.dur, "cost-duration", 10*time.Second, "cost mode: how long each consumer is offered the load")
+	fs.IntVar(&p.queueUnits, "cost-queue", 0, "cost mode: the cost-weighted route's queue bound in units (ms); 0 means one dear message per worker")
+	fs.StringVar(&p.order, "cost-order", "cheapest", "cost mode: the cost-weighted route's queue order, cheapest (first) or fifo")
 }
 
 func (c *config) parseCostFlags(set map[string]bool) error {
@@ -39,7 +43,10 @@ func (c *config) parseCostFlags(set map[string]bool) error {
 	if c.quick && !set["cost-duration"] {
 		p.dur = 4 * time.Second
 	}
-	if p.cheap <= 0 || p.dear <= p.cheap || !(p.cheapShare > 0 && p.cheapShare < 1) || p.load <= 0 || p.dur <= 0 {
+	if p.order != "fifo" && p.order != "cheapest" {
+		return errors.New("-cost-order: fifo or cheapest")
+	}
+	if p.cheap <= 0 || p.queueUnits < 0 || p.dear <= p.cheap || !(p.cheapShare > 0 && p.cheapShare < 1) || p.load <= 0 || p.dur <= 0 {
 		return errors.New("-cost-*: cheap > 0, dear above cheap, share in (0, 1), load and duration > 0")
 	}
 	return nil
@@ -82,9 +89,17 @@ func runCost(ctx context.Context, b broker, cfg config, rep *report, w io.Writer
 	fmt.Fprintf(w, "overloadlab cost: broker %s, %d workers, %.0f%% × %v + %.0f%% × %v (mean %v), deadline %v; capacity %.0f msg/s = %.2f handler-s/s\n",
 		b.name(), cfg.workers, 100*p.cheapShare, p.cheap, 100*(1-p.cheapShare), p.dear, p.mean(), cfg.deadline, capMsgs, capUnits)
 	dearMS := int(max(1, p.dear.Milliseconds()))
-	// The queue holds a dear run per worker, cheapest first: cheap
-	// messages never wait behind a dear one, dear ones keep their workers.
+	// By default the queue holds a dear run per worker, cheapest first:
+	// cheap messages never wait behind a dear one, dear ones keep their
+	// workers (-cost-queue and -cost-order change both).
 	queueUnits := cfg.workers * dearMS
+	if p.queueUnits > 0 {
+		queueUnits = p.queueUnits
+	}
+	order, orderName := consumer.QueueFIFO, "FIFO"
+	if p.order == "cheapest" {
+		order, orderName = consumer.QueueCheapestFirst, "cheapest first"
+	}
 	type variant struct {
 		k     kind
 		label string
@@ -103,10 +118,10 @@ func runCost(ctx context.Context, b broker, cfg config, rep *report, w io.Writer
 				r.Overload.Queue = consumer.QueuePolicy{MaxLength: cfg.queueCap}
 				r.Overload.OnShed = consumer.ShedAck
 			}},
-			variant{k, fmt.Sprintf("sluice, cost-weighted (Sluice-Cost; queue %d units cheapest first, at most %d running, ShedAck)", queueUnits, (cfg.workers-1)*dearMS+10), "sluice by cost", func(r *consumer.Route) {
+			variant{k, fmt.Sprintf("sluice, cost-weighted (Sluice-Cost; queue %d units %s, at most %d running, ShedAck)", queueUnits, orderName, (cfg.workers-1)*dearMS+10), "sluice by cost", func(r *consumer.Route) {
 				r.Window.Cost = consumer.CostPolicy{Header: consumer.CostHeader, Max: dearMS, MaxRunning: (cfg.workers-1)*dearMS + 10}
 				r.Window.Messages = cfg.workers*dearMS + 2*queueUnits
-				r.Overload.Queue = consumer.QueuePolicy{MaxCost: queueUnits, Order: consumer.QueueCheapestFirst}
+				r.Overload.Queue = consumer.QueuePolicy{MaxCost: queueUnits, Order: order}
 				r.Overload.OnShed = consumer.ShedAck
 			}})
 	}
