@@ -63,10 +63,15 @@ type route struct {
 	classCtx [4]context.Context
 	limit    atomic.Int64 // the AdaptiveLimit value last applied to the window
 	limitMu  sync.Mutex   // serializes setting the window's limit (see setLimit)
-	// baseLimit is the limit the window or its controllers want, resCap
-	// the resource cap (0: none); under limitMu.
+	// baseLimit is the limit the window or its controllers want, resCapF
+	// the resource cap (0: none), resCap the whole number of it applied
+	// this interval and resCarry the fraction carried to the next (see
+	// resource.go); under limitMu.
 	baseLimit int
 	resCap    int
+	resCapF   float64
+	resCarry  float64
+	resP      float64                     // the pressure's moving mean while a cap binds
 	resource  backpressure.ResourceSignal // Options.Resource
 	fill      float64                     // fetched / asked of the last throttled fetch (fetch loop only)
 
