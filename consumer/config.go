@@ -100,10 +100,11 @@ type WindowPolicy struct {
 	// if more), so each broker round trip drains more of the backlog;
 	// once drops stop it halves back. The Source is told the upper bound.
 	// With an Overload.AdaptiveLimit, 0 means twice the Workers. Leave it
-	// 0 unless memory demands a bound: a fixed window never grows, and in
-	// the overload lab (docs/lab.md) a fixed 2 × Workers held one 2 ms
-	// worker at 40% of capacity on NATS and 1% on Kafka at 10× offered
-	// load, where 0 held 100% and 83%.
+	// 0 unless memory demands a bound: a fixed window never grows. In the
+	// overload lab (docs/lab.md) a route with a fixed 2 × Workers (and a
+	// ShedNearDeadline margin) held one 2 ms worker at 40% of capacity on
+	// NATS and 1% on Kafka at 10× offered load, where the minimal route
+	// (0) held 100% and 83%.
 	Messages int
 	// Bytes bounds their bytes (Message.Size). 0 means DefaultWindowBytes.
 	Bytes int64
