@@ -24,7 +24,37 @@ type delivery struct {
 	pending bool
 }
 
-func (s *Source) convert(m *nats.Msg) *consumer.Message {
+// settleRedelivery settles m itself, without handing it to the route, when
+// it is a redelivery of a stream message whose Ack or Term from an earlier
+// delivery is still waiting for the server's answer: the handler already
+// ran to its end for that message, so m gets the same settlement. This is
+// what happens when a server reads an ack and goes down before applying
+// it: after the restart it redelivers the message while the client still
+// re-sends the first ack. m's settlement is not confirmed (if it is lost,
+// the server redelivers m later and the route handles it then).
+func (s *Source) settleRedelivery(m *nats.Msg, md ackMeta) bool {
+	if md.delivered < 2 || s.opts.Confirm == ConfirmNone {
+		return false
+	}
+	body, ok := s.set.outstanding(md.streamSeq)
+	if !ok || s.nc.Publish(m.Reply, body) != nil {
+		return false
+	}
+	s.c.redeliveriesSettled.Add(1)
+	return true
+}
+
+// take converts m for the route, or settles it when it is a redelivery
+// settleRedelivery takes care of (nil).
+func (s *Source) take(m *nats.Msg) *consumer.Message {
+	md, ok := parseAck(m.Reply)
+	if ok && s.settleRedelivery(m, md) {
+		return nil
+	}
+	return s.convert(m, md, ok)
+}
+
+func (s *Source) convert(m *nats.Msg, md ackMeta, hasMeta bool) *consumer.Message {
 	d := &delivery{m: m, src: s, gen: s.gen.Load()}
 	cm := &d.msg
 	consumer.InitMessage(cm, d)
@@ -49,7 +79,7 @@ func (s *Source) convert(m *nats.Msg) *consumer.Message {
 		s.c.statusHeaders.Add(1)
 	}
 	cm.Size = max(size, 1)
-	if md, ok := parseAck(m.Reply); ok {
+	if hasMeta {
 		cm.PublishedAt = md.timestamp
 		cm.Attempt = int(md.delivered)
 		cm.Origin.Sequence = md.streamSeq
@@ -74,7 +104,7 @@ func (d *delivery) settle(ctx context.Context, k settleKind, delay time.Duration
 		d.src.delayed.add(time.Now().Add(delay).UnixNano())
 	}
 	d.p = pendingSettle{subj: d.m.Reply, body: settleBody(k, delay, reason), kind: k,
-		confirm: d.src.opts.Confirm != ConfirmNone, d: d}
+		confirm: d.src.opts.Confirm != ConfirmNone, seq: d.msg.Origin.Sequence, d: d}
 	d.src.set.settle(ctx, &d.p)
 }
 

@@ -61,8 +61,15 @@
 // most twice; a Nak is not re-sent (the broker redelivers a message whose
 // nak was lost anyway). A settlement still unanswered completes with
 // ErrAckUnconfirmed: it is never counted confirmed on a guess, and the
-// route counts it as a settle error. SourceOptions.AckAsync sends plain
-// acks instead (Settle returns nil once the settlement is queued).
+// route counts it as a settle error. A redelivery of a message whose Ack
+// or Term is still unanswered (a server that read the ack and went down
+// before applying it redelivers after its restart) is settled the same way
+// by the Source and not handed to the route: its handler already ran to
+// the end (SourceStats.RedeliveriesSettled). SourceOptions.Confirm chooses
+// the mode: ConfirmReply (the default, above), ConfirmFlush (plain acks,
+// each batch confirmed by one PING/PONG: the server read them, but an ack
+// it read and could not apply is not reported) or ConfirmNone (plain acks;
+// Settle returns nil once the settlement is queued).
 //
 // Retries are naks with the route's jittered backoff; dead letters are
 // written to the DLQ stream and only then is the original terminated

@@ -167,16 +167,20 @@ func testServerRestartMidStream(t *testing.T, mode natsadapter.ConfirmMode) {
 	st := src.Stats()
 	// Settlements in flight when the server went down are re-sent after
 	// the reconnect. With ConfirmReply one that still does not land is
-	// reported (a settle error). A re-sent ack can also be answered after
-	// the server, which had read the first send and lost it when it went
-	// down, redelivered the message: both deliveries are then handled and
-	// each is confirmed once. So every duplicate is accounted for by a
-	// settlement that was in doubt (re-sent or reported), never by one the
-	// server confirmed on the first send. With ConfirmFlush the PONG only
+	// reported (a settle error). The server may also have read an ack and
+	// gone down before applying it: after the restart it redelivers the
+	// message while the client still waits for that ack's answer, and the
+	// Source settles the redelivery instead of handing it to the route
+	// (TestRedeliveryWhileAckUnansweredIsNotHandledAgain). Only if the
+	// re-sent ack is answered before the redelivery is read can both
+	// deliveries be handled (each confirmed once; 0 duplicates in 10 runs
+	// here). So every duplicate is accounted for by a settlement that was
+	// in doubt (re-sent or reported), never by one the server confirmed on
+	// the first send. With ConfirmFlush the PONG only
 	// says the server read an ack, and acks read while the restarted server
 	// had not loaded its consumer yet are lost unreported: duplicates,
 	// bounded by what was in flight.
-	t.Logf("restart: duplicates %d, settle errors %d, acks re-sent %d, fetch errors %d, fetched %d", dups, s.Errors.Settle, st.AcksResent, s.Errors.Fetch, s.Fetched)
+	t.Logf("restart: duplicates %d, settle errors %d, acks re-sent %d, redeliveries settled by the Source %d, fetch errors %d, fetched %d", dups, s.Errors.Settle, st.AcksResent, st.RedeliveriesSettled, s.Errors.Fetch, s.Fetched)
 	if dups > 2*32 {
 		t.Fatalf("%d duplicates, more than two windows", dups)
 	}
@@ -341,6 +345,103 @@ func testServerKilledBetweenAckAndReply(t *testing.T, mode natsadapter.ConfirmMo
 	}
 	if seen[target] != 1 {
 		t.Fatalf("target handled %d times: its ack was lost", seen[target])
+	}
+}
+
+// TestRedeliveryWhileAckUnansweredIsNotHandledAgain: the server redelivers
+// a message whose ack it has not applied (here the ack waits in a proxy;
+// after a restart, the server read it and went down before applying it)
+// while the client still waits for that ack's answer. The handler already
+// ran to its end, so the Source settles the redelivery the same way
+// instead of handing it to the route: the handler runs once. Before, the
+// route handled it a second time and both deliveries were confirmed (the
+// duplicates TestServerRestartMidStream saw).
+func TestRedeliveryWhileAckUnansweredIsNotHandledAgain(t *testing.T) {
+	forEachConfirm(t, testRedeliveryWhileAckUnanswered)
+}
+
+func testRedeliveryWhileAckUnanswered(t *testing.T, mode natsadapter.ConfirmMode) {
+	r := newFaultRig(t)
+	proxy, err := natstest.NewProxy("127.0.0.1:" + strconv.Itoa(r.port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = proxy.Close() })
+	nc, err := nats.Connect(proxy.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if _, err := r.js.CreateStream(ctx, jetstream.StreamConfig{Name: "WORK", Subjects: []string{"work.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	publish(t, ctx, r.js, 1)
+	// AckWait 1 s: the server redelivers while the first ack is held. The
+	// pull request the redelivery answers waits up to PollWait; the ack's
+	// answer is awaited far longer (AckTimeout), so nothing gives up.
+	src, err := natsadapter.NewSourceFor(ctx, js, "WORK", jetstream.ConsumerConfig{Durable: "dup", AckWait: time.Second},
+		natsadapter.SourceOptions{PollWait: 20 * time.Second, AckTimeout: 30 * time.Second, Confirm: mode})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var runs atomic.Int64
+	c, err := consumer.New(consumer.Options{ShutdownGrace: time.Second}, consumer.Route{
+		Expiry:  expiry.Policy{IgnoreHeader: true},
+		Name:    "dup",
+		Source:  src,
+		Workers: 1,
+		Handler: func(ctx context.Context, m *consumer.Message) error {
+			if runs.Add(1) > 1 {
+				return nil
+			}
+			// Hold the client's traffic once the next pull request waits on
+			// the server (the redelivery will answer it): the ack of this
+			// delivery then does not reach the server.
+			for {
+				info, err := r.js.Consumer(ctx, "WORK", "dup")
+				if err != nil {
+					return err
+				}
+				if info.CachedInfo().NumWaiting > 0 {
+					break
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			proxy.HoldSends()
+			return nil
+		},
+		Window: consumer.WindowPolicy{Messages: 8, Bytes: 1 << 20},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	released := false
+	runUntil(t, c, 45*time.Second, func() bool {
+		if !released {
+			return false
+		}
+		info, err := r.js.Consumer(ctx, "WORK", "dup")
+		s := c.Stats()[0]
+		return err == nil && info.CachedInfo().NumAckPending == 0 && s.Held == 0 && s.Settled[consumer.OutcomeSucceeded] == s.Fetched
+	}, func() {
+		if !released && (src.Stats().RedeliveriesSettled > 0 || runs.Load() > 1) {
+			proxy.Release()
+			released = true
+		}
+	})
+	s, st := c.Stats()[0], src.Stats()
+	t.Logf("handler runs %d, fetched %d, redeliveries settled by the Source %d, acks re-sent %d, unconfirmed %d", runs.Load(), s.Fetched, st.RedeliveriesSettled, st.AcksResent, st.AcksUnconfirmed)
+	if runs.Load() != 1 || s.Fetched != 1 || st.RedeliveriesSettled != 1 {
+		t.Fatalf("handler ran %d times for one message, fetched %d, %d redeliveries settled by the Source", runs.Load(), s.Fetched, st.RedeliveriesSettled)
+	}
+	if s.Settled[consumer.OutcomeSucceeded] != 1 || s.Errors.Settle != 0 {
+		t.Fatalf("stats %+v: the first delivery's ack was not confirmed once", s)
 	}
 }
 

@@ -176,7 +176,9 @@ func (s *Source) pull(ctx context.Context, n int, maxBytes int64) (out []*consum
 					select {
 					case m := <-ch:
 						if !isStatus(m) {
-							out = append(out, s.convert(m))
+							if cm := s.take(m); cm != nil {
+								out = append(out, cm)
+							}
 						}
 						continue
 					default:
@@ -225,7 +227,9 @@ func (s *Source) pull(ctx context.Context, n int, maxBytes int64) (out []*consum
 		// taken as part of this one. It was asked for by this route's
 		// window too, so it is at most one batch over, and the consumer
 		// charges it like any other.
-		out = append(out, s.convert(m))
+		if cm := s.take(m); cm != nil {
+			out = append(out, cm)
+		}
 		s.delivered++
 		s.req.msgs--
 		if s.req.limited {

@@ -65,7 +65,8 @@ type pendingSettle struct {
 	subj    string // the delivery's $JS.ACK subject
 	body    []byte
 	kind    settleKind
-	confirm bool // wait for the server's reply
+	confirm bool   // wait for the server's reply
+	seq     uint64 // the message's stream sequence (0: unknown)
 
 	// Guarded by settler.mu once queued.
 	id      uint64 // reply token, 0 when not confirmed
@@ -388,6 +389,22 @@ func (s *settler) doSweep() {
 	for i, p := range failed {
 		p.d.settled(causes[i])
 	}
+}
+
+// outstanding returns the body of an Ack or Term of stream message seq
+// that is still waiting for the server's answer.
+func (s *settler) outstanding(seq uint64) ([]byte, bool) {
+	if seq == 0 {
+		return nil, false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, p := range s.pending {
+		if p.seq == seq && p.kind != kindNak {
+			return p.body, true
+		}
+	}
+	return nil, false
 }
 
 // failOlder completes, with errOldConsumer, the outstanding settlements of

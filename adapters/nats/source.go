@@ -156,6 +156,8 @@ type sourceCounters struct {
 	statusHeaders    atomic.Uint64
 	settleErrors     atomic.Uint64
 	returnedUnread   atomic.Uint64
+	// redeliveriesSettled: see SourceStats.RedeliveriesSettled.
+	redeliveriesSettled atomic.Uint64
 }
 
 // SourceStats are a Source's own counters.
@@ -189,6 +191,13 @@ type SourceStats struct {
 	// ReturnedUnread counts deliveries Close nak'd because no Fetch
 	// returned them (the route had stopped reading).
 	ReturnedUnread uint64
+	// RedeliveriesSettled counts redeliveries the Source settled without
+	// handing them to the route: the server sent the message again while
+	// the Ack or Term of its earlier delivery (whose handler had finished)
+	// still awaited the server's answer, typically a server that read the
+	// ack and went down before applying it. Each gets that same
+	// settlement, unconfirmed; the route's Fetched does not count them.
+	RedeliveriesSettled uint64
 }
 
 // Stats returns the Source's counters.
@@ -203,6 +212,7 @@ func (s *Source) Stats() SourceStats {
 		MaxAckPending:          s.maxAckPending(),
 		AckPendingRaises:       s.c.ackPendingRaises.Load(),
 		ReturnedUnread:         s.c.returnedUnread.Load(),
+		RedeliveriesSettled:    s.c.redeliveriesSettled.Load(),
 	}
 }
 

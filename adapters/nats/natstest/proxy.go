@@ -6,15 +6,17 @@ import (
 )
 
 // Proxy forwards TCP connections from its own address to a server, so a
-// test can hold back what the server sends (HoldReplies) and cut every
-// connection (Cut) without touching the server. Clients connect to URL.
+// test can hold back what the server sends (HoldReplies) or what clients
+// send (HoldSends) and cut every connection (Cut) without touching the
+// server. Clients connect to URL.
 type Proxy struct {
 	ln     net.Listener
 	target string
 
 	mu    sync.Mutex
 	cond  *sync.Cond
-	hold  bool
+	hold  bool // server to clients
+	holdS bool // clients to server
 	conns map[net.Conn]struct{}
 	wg    sync.WaitGroup
 }
@@ -44,10 +46,19 @@ func (p *Proxy) HoldReplies() {
 	p.mu.Unlock()
 }
 
-// Release resumes forwarding from the server.
+// HoldSends stops forwarding from clients to the server (what clients send
+// waits in the proxy, in order) until Release; server to client traffic
+// still flows.
+func (p *Proxy) HoldSends() {
+	p.mu.Lock()
+	p.holdS = true
+	p.mu.Unlock()
+}
+
+// Release resumes forwarding in both directions.
 func (p *Proxy) Release() {
 	p.mu.Lock()
-	p.hold = false
+	p.hold, p.holdS = false, false
 	p.cond.Broadcast()
 	p.mu.Unlock()
 }
@@ -94,7 +105,7 @@ func (p *Proxy) accept() {
 	}
 }
 
-// pipe copies src to dst; fromServer copies wait while replies are held.
+// pipe copies src to dst; it waits while its direction is held.
 func (p *Proxy) pipe(dst, src net.Conn, fromServer bool) {
 	defer p.wg.Done()
 	defer func() {
@@ -109,9 +120,9 @@ func (p *Proxy) pipe(dst, src net.Conn, fromServer bool) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
-		if n > 0 && fromServer {
+		if n > 0 {
 			p.mu.Lock()
-			for p.hold {
+			for fromServer && p.hold || !fromServer && p.holdS {
 				if _, open := p.conns[src]; !open {
 					break
 				}
