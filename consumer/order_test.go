@@ -84,6 +84,10 @@ type orderCase struct {
 	confirm                             sluicetest.ConfirmMode
 	restart                             bool // stop mid-run and go on with a second consumer
 	maxAttempts                         int
+	queueOrder                          consumer.QueueOrder
+	crit                                bool // messages carry random criticality headers
+	cost                                bool // messages cost 1-8 units (Window.Cost)
+	maxRunning                          int  // Window.Cost.MaxRunning
 }
 
 func randomOrderCase(rng *rand.Rand, by consumer.Ordering) orderCase {
@@ -107,6 +111,14 @@ func randomOrderCase(rng *rand.Rand, by consumer.Ordering) orderCase {
 	}
 	if rng.IntN(3) == 0 {
 		c.sinkDown = 0.3
+	}
+	c.queueOrder = consumer.QueueOrder(rng.IntN(3))
+	c.crit = rng.IntN(2) == 0
+	if rng.IntN(2) == 0 {
+		c.cost = true
+		if rng.IntN(2) == 0 {
+			c.maxRunning = 8 + rng.IntN(24)
+		}
 	}
 	return c
 }
@@ -145,6 +157,12 @@ func runOrderCase(t *testing.T, seed uint64, c orderCase) {
 			h = consumer.Headers{expiry.DefaultHeader: {past}}
 		case p < c.expired+c.tight:
 			h = consumer.Headers{expiry.DefaultHeader: {expiry.FormatDeadline(now.Add(time.Duration(rng.IntN(300)) * time.Millisecond))}}
+		}
+		if c.crit {
+			if h == nil {
+				h = consumer.Headers{}
+			}
+			h[consumer.CriticalityHeader] = []string{backpressure.Criticality(rng.IntN(4)).String()}
 		}
 		src.PublishMsg(sluicetest.Msg{ID: id, Key: []byte("k" + strconv.Itoa(k)), Partition: part, Value: []byte(id), Headers: h})
 	}
@@ -185,7 +203,16 @@ func runOrderCase(t *testing.T, seed uint64, c orderCase) {
 		Retry:      consumer.RetryPolicy{MaxAttempts: c.maxAttempts, BaseDelay: time.Millisecond, MaxDelay: 5 * time.Millisecond},
 		DeadLetter: consumer.DeadLetterPolicy{Sink: sink},
 		Overload: consumer.OverloadPolicy{ShedNearDeadline: c.shedNear, ShedDelay: 2 * time.Millisecond,
-			Queue: consumer.QueuePolicy{MaxLength: c.queueMax, DropWhenFull: c.drop}},
+			Queue: consumer.QueuePolicy{MaxLength: c.queueMax, DropWhenFull: c.drop, Order: c.queueOrder}},
+	}
+	if c.crit {
+		route.Overload.Criticality = backpressure.CriticalPlus
+	}
+	if c.cost {
+		route.Window.Cost = consumer.CostPolicy{MaxRunning: c.maxRunning, Func: func(m *consumer.Message) int {
+			n, _ := strconv.Atoi(string(m.Value))
+			return 1 + n%8
+		}}
 	}
 	if c.shedAck {
 		route.Overload.OnShed = consumer.ShedAck
