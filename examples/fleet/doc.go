@@ -12,6 +12,11 @@
 //	go run ./examples/fleet -broker kafka -brokers 127.0.0.1:9092 -topic orders -group fleet
 //	go run ./examples/fleet -broker nats -nats nats://127.0.0.1:4222 -stream ORDERS -durable fleet
 //
+// With -downstream URL the handler calls that URL instead of waiting, and a
+// 503 answer is an overloaded error; -adaptive and -throttle give the route
+// an AdaptiveLimit and a Throttle, so each instance controls its own load
+// on a downstream the whole fleet shares (docs/fleet.md).
+//
 // With -report it writes a line protocol on stdout that the fleet harness
 // (internal/fleet, docs/fleet.md) reads to keep its ledger: which message
 // each instance handled and settled, and the most it held at once.

@@ -287,8 +287,9 @@ func natsMember(ctx context.Context, c config) (member, error) {
 		ready:  func(context.Context) error { return nil },
 		assign: func() string { return "0 0" },
 		close: func() error {
+			// Run has waited for every settlement's confirmation, so
+			// nothing is in doubt when the Source and connection go.
 			err := src.Close()
-			// Drain flushes the acks still on their way to the server.
 			nc.Close()
 			return err
 		},
