@@ -569,8 +569,12 @@ func TestPoisonWithDLQDownKeepsFlowing(t *testing.T) {
 	if s.Settled[consumer.OutcomeDLQFailed] < n/every {
 		t.Fatalf("only %d failed dead-letter writes: the poison did not cycle", s.Settled[consumer.OutcomeDLQFailed])
 	}
-	if ratio < 0.5 {
-		t.Fatalf("good traffic at %.2fx of its pace without poison", ratio)
+	// The stall this guards against left good traffic near 0x (2,550 of
+	// 9,900 undelivered after 60 s); on quiet cores the ratio is 0.85-1.6x.
+	// The bar sits well below that so load from other packages under -race
+	// (one run measured 0.49x) does not fail it; the figure is logged.
+	if ratio < 0.25 {
+		t.Fatalf("good traffic at %.2fx of its pace without poison: stalled", ratio)
 	}
 }
 
