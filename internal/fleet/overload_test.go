@@ -98,7 +98,8 @@ func TestFleetOverload(t *testing.T) {
 		{"adaptive+throttle", []string{"-adaptive", "-throttle"}},
 	}
 	for _, m := range modes {
-		args := append(tg.args(dest, kafkatest.UniqueName("overload")), "-downstream", srv.URL)
+		durable := kafkatest.UniqueName("overload")
+		args := append(tg.args(dest, durable), "-downstream", srv.URL)
 		f := &fleet.Fleet{Bin: bin, Args: append(args, m.flags...), LogDir: t.TempDir()}
 		for range 4 {
 			if _, err := f.Start(); err != nil {
@@ -123,6 +124,7 @@ func TestFleetOverload(t *testing.T) {
 		}
 		a1, r1, per1 := ds.totals()
 		secs := time.Since(start).Seconds()
+		_, broker, _ := tg.settled(ctx, dest, durable) // what the durable holds: ack-pending counts nak'd messages waiting out their delay
 		stopAll(t, f)
 		var shares []string
 		for _, pr := range f.All() {
@@ -131,8 +133,8 @@ func TestFleetOverload(t *testing.T) {
 		}
 		res := result{accepted: float64(a1-a0) / secs, refused: float64(r1-r0) / secs, limits: limitSum / samples, share: strings.Join(shares, "/")}
 		results[m.name] = res
-		t.Logf("overload control %-18s accepted %4.0f calls/s (%.0f%% of the downstream's %.0f), refused %5.0f/s (%.2f per accepted); concurrency the instances allowed themselves, summed: %.1f (downstream: %d); accepted per instance %s",
-			m.name, res.accepted, 100*res.accepted/capacityDS, capacityDS, res.refused, res.refused/res.accepted, res.limits, ds.limit, res.share)
+		t.Logf("overload control %-18s accepted %4.0f calls/s (%.0f%% of the downstream's %.0f), refused %5.0f/s (%.2f per accepted); concurrency the instances allowed themselves, summed: %.1f (downstream: %d); accepted per instance %s; durable: %s",
+			m.name, res.accepted, 100*res.accepted/capacityDS, capacityDS, res.refused, res.refused/res.accepted, res.limits, ds.limit, res.share, broker)
 	}
 	none, ad := results["none"], results["adaptive"]
 	if ad.refused/ad.accepted > none.refused/none.accepted/2 {
