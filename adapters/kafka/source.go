@@ -66,6 +66,9 @@ type generation struct {
 // partition).
 const fetchLanes = 2
 
+// minLaneShare is the least prefetch slots per partition for two lanes.
+const minLaneShare = 16
+
 type partition struct {
 	gen   *generation
 	topic string
@@ -345,7 +348,11 @@ func (s *Source) start(g *kafka.Generation) {
 	// generation ends: a context derived from kafka-go's generation context
 	// costs a goroutine per request.
 	lanes := 1
-	if n := len(gen.parts); n >= fetchLanes && n%fetchLanes == 0 {
+	// A lane pays off only when each partition's share of the prefetch
+	// holds a batch: with a small prefetch (a window of 8 over 4 partitions
+	// is 2 records each) two lanes halve what each fetch may keep and the
+	// drain ran at a third of one lane's rate.
+	if n := len(gen.parts); n >= fetchLanes && n%fetchLanes == 0 && s.buf.maxCount >= minLaneShare*n {
 		// Lanes of unequal size would serve the smaller one's partitions
 		// more often (each partition is the first of its lane's requests,
 		// the one a broker lets exceed its share, in turn).
