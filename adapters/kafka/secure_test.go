@@ -19,7 +19,7 @@ import (
 // TestSecureClusters runs every client sluice builds from one Cluster (a
 // group Source with a retry topic, a DeadLetterSink, a LetterSource, a
 // ReplayTarget and GetLetter) against a TLS listener and SASL listeners:
-// kfake with a CA made by the test in `go test ./...`, the real broker's
+// kfake with a CA made by the test in `go test work`, the real broker's
 // listeners from `scripts/kafka start --tls --sasl plain,scram` in
 // .ci/kafka-suite.
 func TestSecureClusters(t *testing.T) {
