@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"image/color"
 	"io"
-	"path/filepath"
 	"time"
 
 	"github.com/sluice-go/sluice/consumer"
@@ -139,18 +138,7 @@ func runCost(ctx context.Context, b broker, cfg config, rep *report, w io.Writer
 		row.label, row.short = v.label, v.short
 		rep.cost = append(rep.cost, row)
 	}
-	if err := cfg.emitter(w)("cost.txt", costTable(rep.cost, cfg)); err != nil {
-		return err
-	}
-	if cfg.out == "" {
-		return nil
-	}
-	png := filepath.Join(cfg.out, "cost.png")
-	if err := plotCost(rep.cost, png); err != nil {
-		return err
-	}
-	fmt.Fprintln(w, "plot:", png)
-	return nil
+	return cfg.emitWithPlot(w, "cost", costTable(rep.cost, cfg), func(png string) error { return plotCost(rep.cost, png) })
 }
 
 // plotCost draws each consumer's goodput in cost units (bars, share of

@@ -8,7 +8,6 @@ import (
 	"image/color"
 	"io"
 	"os"
-	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -298,18 +297,7 @@ func runCPU(ctx context.Context, b broker, cfg config, rep *report, w io.Writer)
 		row.cpuLine, row.goodLine = cpuTimeline(r, samples, cores, p.dur)
 		rep.cpu = append(rep.cpu, row)
 	}
-	if err := cfg.emitter(w)("cpu.txt", cpuTable(rep.cpu, cfg, cores)); err != nil {
-		return err
-	}
-	if cfg.out == "" {
-		return nil
-	}
-	png := filepath.Join(cfg.out, "cpu.png")
-	if err := plotCPU(rep.cpu, cfg, png); err != nil {
-		return err
-	}
-	fmt.Fprintln(w, "plot:", png)
-	return nil
+	return cfg.emitWithPlot(w, "cpu", cpuTable(rep.cpu, cfg, cores), func(png string) error { return plotCPU(rep.cpu, cfg, png) })
 }
 
 // plotCPU draws each consumer's process CPU share and on-time goodput over

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"image/color"
 	"io"
-	"path/filepath"
 	"time"
 
 	"gonum.org/v1/plot"
@@ -152,18 +151,7 @@ func runDegrade(ctx context.Context, b broker, cfg config, rep *report, w io.Wri
 		row.burst, row.timeline = d.highDur, timelineOf(r, d.highDur+d.lowDur)
 		rep.degrade = append(rep.degrade, row)
 	}
-	if err := cfg.emitter(w)("degrade.txt", degradeTable(rep.degrade, cfg)); err != nil {
-		return err
-	}
-	if cfg.out == "" {
-		return nil
-	}
-	png := filepath.Join(cfg.out, "degrade.png")
-	if err := plotDegrade(rep.degrade, cfg, png); err != nil {
-		return err
-	}
-	fmt.Fprintln(w, "plot:", png)
-	return nil
+	return cfg.emitWithPlot(w, "degrade", degradeTable(rep.degrade, cfg), func(png string) error { return plotDegrade(rep.degrade, cfg, png) })
 }
 
 // plotDegrade draws each consumer's on-time goodput and the share of its

@@ -325,6 +325,23 @@ func (c config) emitter(w io.Writer) func(file, text string) error {
 	}
 }
 
+// emitWithPlot emits text as name.txt (see emitter) and, with an output
+// directory, draws name.png there with plot and prints its path.
+func (c config) emitWithPlot(w io.Writer, name, text string, plot func(png string) error) error {
+	if err := c.emitter(w)(name+".txt", text); err != nil {
+		return err
+	}
+	if c.out == "" {
+		return nil
+	}
+	png := filepath.Join(c.out, name+".png")
+	if err := plot(png); err != nil {
+		return err
+	}
+	fmt.Fprintln(w, "plot:", png)
+	return nil
+}
+
 // windowFor is the tuned route's window for workers.
 func (c config) windowFor(workers int) int {
 	if c.window > 0 {
