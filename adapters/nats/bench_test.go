@@ -35,9 +35,10 @@ import (
 //     ack, one round trip per message on a worker): the fair baseline for
 //     sluice's default, which also knows every ack landed.
 //   - BenchmarkConsumeSluice: a route over adapters/nats with the default
-//     settlement (ConfirmReply: pipelined, each answered by the server).
-//   - BenchmarkConsumeSluiceFlush: the same route with ConfirmFlush
-//     (plain acks, each batch confirmed by a PING/PONG).
+//     settlement (ConfirmBatch: pipelined, the last ack of each write
+//     batch answered by the server, confirming the batch).
+//   - BenchmarkConsumeSluiceReply: the same route with ConfirmReply (each
+//     settlement answered by the server).
 //   - BenchmarkConsumeSluicePlainAck: the same route with ConfirmNone (the
 //     plain Ack of the raw benchmark).
 //
@@ -221,9 +222,9 @@ func benchRaw(b *testing.B, size, workers int) {
 // DoubleAck baseline has 8 workers too); the others show scaling.
 var benchWorkers = []int{1, 4, 8, 16, 64}
 
-func BenchmarkConsumeSluice(b *testing.B) { benchSluiceAll(b, natsadapter.ConfirmReply) }
+func BenchmarkConsumeSluice(b *testing.B) { benchSluiceAll(b, natsadapter.ConfirmBatch) }
 
-func BenchmarkConsumeSluiceFlush(b *testing.B) { benchSluiceAll(b, natsadapter.ConfirmFlush) }
+func BenchmarkConsumeSluiceReply(b *testing.B) { benchSluiceAll(b, natsadapter.ConfirmReply) }
 
 func BenchmarkConsumeSluicePlainAck(b *testing.B) { benchSluiceAll(b, natsadapter.ConfirmNone) }
 

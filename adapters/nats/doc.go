@@ -45,31 +45,35 @@
 // # Settlement
 //
 // Settlements (Ack, Nak with a delay, Term with a reason) are
-// server-confirmed and pipelined by default: each is sent with a reply
-// subject on the Source's own inbox, Settle returns consumer.ErrPending at
-// once (no worker and no fetch loop waits for a round trip), and the
-// server's answer reaches the route through consumer.Confirm; until then
-// the message keeps its window slot. At-least-once processing wants to
-// know the settlement landed (a lost plain ack becomes a redelivery after
-// AckWait, a duplicate nobody saw coming). Workers hand settlements to one
-// writer per Source, which yields once and then publishes everything
-// queued back to back, so many settlements share one write syscall
-// whatever the number of workers (0.02-0.03 writes per message at 1 to 64
-// workers). An answer that does not come (its connection dropped, the
-// server restarted) is handled: Ack and Term are re-sent at once after a
-// reconnect, or after AckTimeout (both are idempotent on the server), at
-// most twice; a Nak is not re-sent (the broker redelivers a message whose
-// nak was lost anyway). A settlement still unanswered completes with
-// ErrAckUnconfirmed: it is never counted confirmed on a guess, and the
-// route counts it as a settle error. A redelivery of a message whose Ack
-// or Term is still unanswered (a server that read the ack and went down
-// before applying it redelivers after its restart) is settled the same way
-// by the Source and not handed to the route: its handler already ran to
-// the end (SourceStats.RedeliveriesSettled). SourceOptions.Confirm chooses
-// the mode: ConfirmReply (the default, above), ConfirmFlush (plain acks,
-// each batch confirmed by one PING/PONG: the server read them, but an ack
-// it read and could not apply is not reported) or ConfirmNone (plain acks;
-// Settle returns nil once the settlement is queued).
+// server-confirmed and pipelined by default: Settle returns
+// consumer.ErrPending at once (no worker and no fetch loop waits for a
+// round trip), and the server's confirmation reaches the route through
+// consumer.Confirm; until then the message keeps its window slot.
+// At-least-once processing wants to know the settlement landed (a lost
+// plain ack becomes a redelivery after AckWait, a duplicate nobody saw
+// coming). Workers hand settlements to one writer per Source, which yields
+// once and then publishes everything queued back to back, so many
+// settlements share one write syscall whatever the number of workers
+// (0.02-0.03 writes per message at 1 to 64 workers). By default
+// (ConfirmBatch) only the last Ack or Term of each such batch carries a
+// reply subject on the Source's own inbox: the consumer processes its acks
+// in order, so the server's answer to it confirms the plain ones before it
+// on the same connection (see ConfirmBatch for the guards: a reconnect in
+// between, a consumer not yet loaded after a restart). An answer that does
+// not come (its connection dropped, the server restarted) is handled: Ack
+// and Term are re-sent at once after a reconnect, or after AckTimeout
+// (both are idempotent on the server), at most twice; a Nak is not re-sent
+// (the broker redelivers a message whose nak was lost anyway). A
+// settlement still unanswered completes with ErrAckUnconfirmed: it is
+// never counted confirmed on a guess, and the route counts it as a settle
+// error. A redelivery of a message whose Ack or Term is still unanswered
+// (a server that read the ack and went down before applying it redelivers
+// after its restart) is settled the same way by the Source and not handed
+// to the route: its handler already ran to the end
+// (SourceStats.RedeliveriesSettled). SourceOptions.Confirm chooses the
+// mode: ConfirmBatch (the default, above), ConfirmReply (an answer per
+// settlement: the strictest, and the costliest) or ConfirmNone (plain
+// acks; Settle returns nil once the settlement is queued).
 //
 // Retries are naks with the route's jittered backoff; dead letters are
 // written to the DLQ stream and only then is the original terminated

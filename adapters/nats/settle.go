@@ -67,12 +67,16 @@ type pendingSettle struct {
 	kind    settleKind
 	confirm bool   // wait for the server's reply
 	seq     uint64 // the message's stream sequence (0: unknown)
+	// plain: sent without a reply subject, confirmed by the answer to a
+	// later settlement (ConfirmBatch). Set by the writer under settler.mu.
+	plain bool
 
 	// Guarded by settler.mu once queued.
 	id      uint64 // reply token, 0 when not confirmed
 	ctx     context.Context
 	sentAt  time.Time
 	conns   uint64 // the connection's reconnect count when last sent
+	sendSeq uint64 // the writer's send order when last sent
 	resends int
 	// d is told the outcome exactly once (d.settled), outside settler.mu.
 	d *delivery
@@ -96,15 +100,24 @@ type pendingSettle struct {
 // re-send the settlement completes with ErrAckUnconfirmed: it is never
 // counted settled on a guess, and the broker redelivers the message if the
 // settlement really did not land.
+//
+// With batch (ConfirmBatch) only the last Ack or Term of each batch the
+// writer sends carries a reply subject; the others go as plain acks. A
+// JetStream consumer processes the acks it receives in order (one queue
+// per consumer), and one connection delivers them in the order written, so
+// the answer to a settlement confirms every settlement sent before it on
+// the same connection. Two guards keep that true: a settlement is sent
+// plain only once a settlement sent on the current connection has been
+// answered (right after a (re)connect the server may not have loaded the
+// consumer yet, and it drops plain acks to an unloaded consumer silently),
+// and an answer covers earlier settlements only when no reconnect happened
+// since they were sent. Naks always ask for their own answer.
 type settler struct {
 	nc      *nats.Conn
 	timeout time.Duration
 	resends int
-	// flush: confirm by a PING after each batch of plain settlements
-	// (ConfirmFlush) instead of a reply per settlement.
-	flush bool
-	// flushed is the writer's batch awaiting its PONG (writer only).
-	flushed []*pendingSettle
+	// batch: ConfirmBatch (see above).
+	batch bool
 	// replyBuf builds reply subjects (writer only).
 	replyBuf []byte
 
@@ -120,12 +133,29 @@ type settler struct {
 	sweep   *time.Timer
 	// sweeping is true while a sweep is scheduled or running.
 	sweeping bool
+	// sendSeq numbers sends in the order the writer makes them.
+	sendSeq uint64
+	// sent lists (batch) the confirmed settlements in send order, for an
+	// answer to cover those sent before it. Entries whose settlement was
+	// completed or re-sent since are skipped when reached.
+	sent []sentRef
+	// answered says (batch) that a settlement sent on connection
+	// answeredConns was answered: the consumer takes plain acks there.
+	answered      bool
+	answeredConns uint64
 
-	resent, unconfirmed atomic.Uint64
+	resent, unconfirmed, covered atomic.Uint64
 }
 
-func newSettler(nc *nats.Conn, timeout time.Duration, flush bool) *settler {
-	return &settler{nc: nc, timeout: timeout, resends: 2, flush: flush, pending: map[uint64]*pendingSettle{}}
+// sentRef is one send of a settlement: p as it was when sent with
+// sequence seq (p.sendSeq changes when p is re-sent).
+type sentRef struct {
+	p   *pendingSettle
+	seq uint64
+}
+
+func newSettler(nc *nats.Conn, timeout time.Duration, batch bool) *settler {
+	return &settler{nc: nc, timeout: timeout, resends: 2, batch: batch, pending: map[uint64]*pendingSettle{}}
 }
 
 // sweepEvery is how often outstanding confirmations are checked for a
@@ -144,7 +174,7 @@ func (s *settler) settle(ctx context.Context, p *pendingSettle) {
 		return
 	}
 	if p.confirm {
-		if s.sub == nil && !s.flush {
+		if s.sub == nil {
 			if err := s.subscribeLocked(); err != nil {
 				s.mu.Unlock()
 				p.d.settled(err)
@@ -195,9 +225,26 @@ func (s *settler) write() {
 		if len(s.pending) > 0 {
 			conns = s.reconnects()
 		}
-		for _, p := range q {
+		// The last Ack or Term of the batch asks for the answer that
+		// confirms the plain ones before it.
+		last := -1
+		plain := s.batch && s.answered && s.answeredConns == conns
+		if plain {
+			for i := len(q) - 1; i >= 0; i-- {
+				if q[i].id != 0 && q[i].kind != kindNak {
+					last = i
+					break
+				}
+			}
+		}
+		for i, p := range q {
 			if p.id != 0 {
-				p.sentAt, p.conns = now, conns
+				s.sendSeq++
+				p.sentAt, p.conns, p.sendSeq = now, conns, s.sendSeq
+				p.plain = plain && i < last && p.kind != kindNak
+				if s.batch {
+					s.sent = append(s.sent, sentRef{p, p.sendSeq})
+				}
 			}
 		}
 		inbox := s.inbox
@@ -209,7 +256,7 @@ func (s *settler) write() {
 				continue
 			}
 			var err error
-			if s.flush {
+			if p.plain {
 				err = s.nc.Publish(p.subj, p.body)
 			} else {
 				// One allocation for the reply subject: <inbox>.<id base 36>.
@@ -224,43 +271,9 @@ func (s *settler) write() {
 				if ok {
 					p.d.settled(s.publishErr(err))
 				}
-				continue
 			}
-			if s.flush {
-				s.flushed = append(s.flushed, p)
-			}
-		}
-		if len(s.flushed) > 0 {
-			s.confirmFlushed()
 		}
 	}
-}
-
-// confirmFlushed waits for the server's PONG to a PING sent after the
-// batch in s.flushed and completes the batch's settlements: the server has
-// read them. Meanwhile new settlements queue up for the next batch. When
-// the PONG does not come (timeout, a lost connection), they stay pending
-// for the sweep, which re-sends them.
-func (s *settler) confirmFlushed() {
-	b := s.flushed
-	err := s.nc.FlushTimeout(s.timeout)
-	if err == nil {
-		s.mu.Lock()
-		n := 0
-		for _, p := range b {
-			if s.pending[p.id] == p {
-				delete(s.pending, p.id)
-				b[n] = p
-				n++
-			}
-		}
-		s.mu.Unlock()
-		for _, p := range b[:n] {
-			p.d.settled(nil)
-		}
-	}
-	clear(b)
-	s.flushed = b[:0]
 }
 
 func (s *settler) publishErr(err error) error {
@@ -307,14 +320,53 @@ func (s *settler) reply(m *nats.Msg) {
 		s.mu.Unlock()
 		return
 	}
+	var covered []*pendingSettle
 	if ok {
 		delete(s.pending, id)
+		if s.batch && rerr == nil && p.kind != kindNak && !p.sentAt.IsZero() {
+			covered = s.coverLocked(p)
+		}
 	}
 	s.mu.Unlock()
 	if !ok {
 		return // an answer to a re-sent settlement that was already completed
 	}
 	p.d.settled(rerr)
+	for _, q := range covered {
+		q.d.settled(nil)
+	}
+}
+
+// coverLocked removes from pending and returns the settlements the answer
+// to p confirms: those sent before p on the same connection, when no
+// reconnect happened since (then they are re-sent instead). It also notes
+// that the consumer takes plain acks on this connection. s.mu is held.
+func (s *settler) coverLocked(p *pendingSettle) []*pendingSettle {
+	conns := s.reconnects()
+	if p.conns != conns {
+		return nil
+	}
+	s.answered, s.answeredConns = true, conns
+	var covered []*pendingSettle
+	n := 0
+	for n < len(s.sent) && s.sent[n].seq <= p.sendSeq {
+		r := s.sent[n]
+		s.sent[n] = sentRef{}
+		n++
+		q := r.p
+		if q == p || q.sendSeq != r.seq || q.conns != conns || s.pending[q.id] != q {
+			continue // p itself, re-sent since, sent on an older connection, or done
+		}
+		delete(s.pending, q.id)
+		covered = append(covered, q)
+	}
+	s.sent = s.sent[n:]
+	s.covered.Add(uint64(len(covered)))
+	if len(s.pending) == 0 {
+		clear(s.sent)
+		s.sent = s.sent[:0]
+	}
+	return covered
 }
 
 // replyErr reads the server's answer to a settlement: empty on success, a
@@ -443,6 +495,7 @@ func (s *settler) close() error {
 	}
 	sub := s.sub
 	s.sub = nil
+	s.sent = nil
 	s.mu.Unlock()
 	s.unconfirmed.Add(uint64(len(failed)))
 	for _, p := range failed {
