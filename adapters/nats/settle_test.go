@@ -2,6 +2,7 @@ package natsadapter_test
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -110,5 +111,116 @@ func TestBatchConfirmsPlainAcksByLaterAnswer(t *testing.T) {
 	}
 	if plain := uint64(n - requests); plain == 0 || st.AcksCovered != plain {
 		t.Fatalf("%d plain acks, %d confirmed by a later answer", plain, st.AcksCovered)
+	}
+}
+
+// TestBatchAsksForAnswersAgainAfterReconnect: after a reconnect the server
+// may be one that restarted and has not loaded the consumer yet, and it
+// drops plain acks to it silently; an answer to a later settlement would
+// then confirm acks that never landed. So until a settlement sent on the
+// new connection is answered, each one asks for its own answer: the first
+// ack after the reconnect is not plain, though acks on the connection
+// before were.
+func TestBatchAsksForAnswersAgainAfterReconnect(t *testing.T) {
+	const workers = 8
+	r := newFaultRig(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := r.js.CreateStream(ctx, jetstream.StreamConfig{Name: "WORK", Subjects: []string{"work.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	publish(t, ctx, r.js, 3*workers)
+	var mu sync.Mutex
+	var order []bool // true: the ack asked for an answer
+	acks := func() []bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]bool(nil), order...)
+	}
+	wnc, err := nats.Connect(r.srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(wnc.Close)
+	if _, err := wnc.Subscribe("$JS.ACK.WORK.>", func(m *nats.Msg) {
+		mu.Lock()
+		order = append(order, m.Reply != "")
+		mu.Unlock()
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := wnc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	src, err := natsadapter.NewSourceFor(ctx, r.js, "WORK", jetstream.ConsumerConfig{Durable: "again", AckWait: 30 * time.Second}, natsadapter.SourceOptions{PollWait: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Three groups of workers messages, each finishing together once
+	// released: the first two before the reconnect, the third after.
+	groups := []chan struct{}{make(chan struct{}), make(chan struct{}), make(chan struct{})}
+	var arrived atomic.Int64
+	c, err := consumer.New(consumer.Options{}, consumer.Route{
+		Name:    "again",
+		Source:  src,
+		Workers: workers,
+		Expiry:  expiry.Policy{IgnoreHeader: true},
+		Handler: func(context.Context, *consumer.Message) error {
+			<-groups[int(arrived.Add(1)-1)/workers]
+			return nil
+		},
+		Window: consumer.WindowPolicy{Messages: 64, Bytes: 1 << 20},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(runCtx) }()
+	defer func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		for !cond() {
+			if ctx.Err() != nil {
+				t.Fatalf("timed out waiting for %s", what)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	settled := func(k int) func() bool {
+		return func() bool {
+			return c.Stats()[0].Settled[consumer.OutcomeSucceeded] == uint64(k) && len(acks()) == k
+		}
+	}
+	for g := range 2 {
+		close(groups[g])
+		waitFor("a group settled", settled((g+1)*workers))
+		waitFor("the group's workers waiting", func() bool { return arrived.Load() == int64((g+2)*workers) })
+	}
+	if before := acks(); !slices.Contains(before, false) {
+		t.Fatalf("no plain ack before the reconnect (%v): the test shows nothing", before)
+	}
+	cid, err := r.nc.GetClientID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.mu.Lock()
+	err = r.srv.DisconnectClientByID(cid)
+	r.mu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor("the reconnect", func() bool { return r.nc.Stats().Reconnects == 1 && r.nc.IsConnected() })
+	close(groups[2])
+	waitFor("the last group settled", settled(3*workers))
+	after := acks()[2*workers:]
+	t.Logf("acks before the reconnect %v, after %v", acks()[:2*workers], after)
+	if !after[0] {
+		t.Fatal("the first ack after the reconnect was plain: nothing said the consumer took acks on the new connection")
 	}
 }
