@@ -60,14 +60,19 @@ func TestCostRow(t *testing.T) {
 		pub := t0.Add(time.Duration(i) * 100 * time.Millisecond)
 		runs = append(runs, runRec{pub: pub, start: pub.Add(200 * time.Millisecond), end: pub.Add(300 * time.Millisecond), cost: p.dear, ok: true, onTime: true})
 	}
-	r := result{spec: trialSpec{kind: sluiceTuned, duration: 3 * time.Second}, start: t0, runs: runs}
-	row := costRowOf(r, p, 2)
+	r := result{spec: trialSpec{kind: sluiceTuned, duration: 3 * time.Second, workers: 4}, start: t0, runs: runs}
+	row := costRowOf(r, p, mixCapacity{units: 2})
 	if row.cheapP99 != 5*time.Millisecond || row.dearP99 != 300*time.Millisecond {
 		t.Errorf("cheap p99 %v, dear p99 %v", row.cheapP99, row.dearP99)
 	}
 	// 200×1 ms + 20×100 ms = 2.2 handler-s in a 3 s window.
 	if math.Abs(row.units-2.2/3) > 1e-9 || row.cheapGood != 200 || row.dearGood != 20 {
 		t.Errorf("units %.3f, cheap %d, dear %d", row.units, row.cheapGood, row.dearGood)
+	}
+	// Every run succeeded on time: 2.2 s of 4 workers × 3 s in runs, the
+	// cheap ones 1 ms each, the dear 100 ms.
+	if math.Abs(row.busy-2.2/12) > 1e-9 || row.onTimeBusy != row.busy || row.cheapRun != time.Millisecond || row.dearRun != 100*time.Millisecond {
+		t.Errorf("busy %.3f, on time %.3f, runs %v / %v", row.busy, row.onTimeBusy, row.cheapRun, row.dearRun)
 	}
 }
 
