@@ -97,3 +97,28 @@ func TestResourceMonitorReadsThisProcess(t *testing.T) {
 		t.Errorf("cores %v", u.Cores)
 	}
 }
+
+// A caller on a ticker of the monitor's Interval comes a little early about
+// as often as late: each of its calls takes a fresh sample (before, one
+// that came early read the previous interval's figures again, and a route's
+// resource loop decided twice on every other sample), while a call well
+// within the interval does not.
+func TestResourceMonitorSamplesOnATickerOfItsInterval(t *testing.T) {
+	m, err := NewResourceMonitor(ResourceOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	m.sample(t0)
+	m.sample(t0.Add(250 * time.Millisecond))
+	at := m.prev.at
+	m.sample(t0.Add(499 * time.Millisecond)) // a tick 1 ms early
+	if !m.prev.at.After(at) {
+		t.Error("a tick 1 ms before the interval's end read no new sample")
+	}
+	at = m.prev.at
+	m.sample(t0.Add(600 * time.Millisecond))
+	if !m.prev.at.Equal(at) {
+		t.Error("a call 100 ms into the interval took a sample")
+	}
+}

@@ -382,19 +382,21 @@ type Options struct {
 	// backpressure.ResourceMonitor: CPU against a target share of the
 	// cores, GC, scheduler latency, heap against GOMEMLIMIT). While it is
 	// at or over its target every route lowers a cap on its window's
-	// message limit each 250 ms, starting from what the route holds
-	// (multiplicatively, the more the further over the target and the
-	// lower its class: well over it Sheddable ×0.5, SheddablePlus ×0.7,
-	// Critical ×0.8, CriticalPlus ×0.9), so a CPU-bound handler runs with
-	// only as much concurrency as the target allows and sheddable routes
-	// give way first; below 90% of the target the cap grows back by a
-	// tenth (at least a quarter message) per interval. While a cap binds
-	// the route decides on the pressure's mean over about a second, and
-	// the cap is fractional: the window's limit alternates between its
-	// whole part and one more so that its mean is the cap (1.6 messages on
-	// 2 cores, not 2 or 1). It never goes below one message. The messages
-	// a route does not take wait in the broker. It also raises the routes'
-	// pressure (backpressure.CauseResource). nil means none.
+	// message limit each 250 ms, starting from the messages it runs, toward
+	// what would put the pressure at 95% of the target (cap × 0.95 /
+	// pressure: the whole step for Sheddable, 60% of it for
+	// SheddablePlus, 40% for Critical, 25% for CriticalPlus, and at most
+	// ×0.5, ×0.7, ×0.8, ×0.9 per interval), so a CPU-bound handler runs
+	// with only as much concurrency as the target allows and sheddable
+	// routes give way first; below 92% of the target the cap grows back
+	// half way toward that point (at most ×1.25 per interval). While a cap
+	// binds the route decides on the pressure's mean over about half a
+	// second, and the cap is fractional: the window's limit alternates
+	// between its whole part and one more so that its mean is the cap (1.6
+	// messages on 2 cores, not 2 or 1). It never goes below one message.
+	// The messages a route does not take wait in the broker. It also
+	// raises the routes' pressure (backpressure.CauseResource). nil means
+	// none.
 	Resource backpressure.ResourceSignal
 }
 

@@ -9,16 +9,25 @@ import (
 )
 
 // The resource cap. With Options.Resource, every resourceEvery each route
-// compares the process's resource pressure with its target: above it
-// (pressure 1 or more) the route lowers the cap on its window's message
-// limit, multiplicatively, the more the further over the target and the
-// lower its class (capShrink), so sheddable routes give way first; below
-// resourceResume of the target it raises the cap by a tenth (at least a
-// quarter of a message) per interval until the cap no longer binds. The
-// messages a route does not take in wait in the broker (and expire there
-// when they can no longer make their deadline), so a CPU-bound handler
-// that competes with the broker client and the GC runs with only as much
-// concurrency as the process's target allows.
+// compares the process's resource pressure with its target (1: at the
+// target) and steers the cap on its window's message limit toward
+// resourceAim of it. The work a CPU-bound handler does scales with the
+// messages it runs, so the cap that would put the pressure at the aim is
+// about cap × aim / pressure: over the target a route cuts toward it, a
+// sheddable route the whole way, higher classes a part of it (capGive, at
+// most capShrink per interval), so sheddable routes give way first; below
+// resourceResume it raises the cap half way toward it (at most by
+// resourceGrow per interval) until the cap no longer binds. The first cut
+// starts from the messages running (at most Workers), not from a window
+// far above them. The messages a route does not take in wait in the broker
+// (and expire there when they can no longer make their deadline), so a
+// CPU-bound handler that competes with the broker client and the GC runs
+// with only as much concurrency as the process's target allows.
+//
+// An earlier controller cut by up to half at once and grew back by a tenth
+// per interval only below 90% of the target: in the overload lab (2 cores,
+// a 5 ms busy loop at 3x) the first cuts took the process from 97% to 47%
+// of the cores and it held 67% for a target of 80%.
 //
 // The cap is fractional: a route with only a few messages in flight on a
 // few cores needs, say, 1.6 of them on average, which no whole number
@@ -29,15 +38,17 @@ import (
 
 const (
 	resourceEvery  = 250 * time.Millisecond
-	resourceResume = 0.9
-	// resourceFull is how far over the target a cut takes the whole of
-	// the class's capShrink; a smaller excess takes part of it.
-	resourceFull = 0.25
+	resourceAim    = 0.95
+	resourceResume = 0.92
+	resourceGrow   = 1.25
 )
 
-// capShrink is the cap's multiplicative decrease per interval well over
-// the target, by criticality.
-var capShrink = [4]float64{0.5, 0.7, 0.8, 0.9}
+// capShrink is the most a cut takes per interval, by criticality; capGive
+// is the share of the proportional step toward the aim a cut takes.
+var (
+	capShrink = [4]float64{0.5, 0.7, 0.8, 0.9}
+	capGive   = [4]float64{1, 0.6, 0.4, 0.25}
+)
 
 // setLimitLocked applies base, the limit the window or its controllers
 // want, lowered to the resource cap while one binds. r.limitMu is held.
@@ -63,9 +74,10 @@ func (r *route) resourceStep(p float64) {
 	r.limitMu.Lock()
 	defer r.limitMu.Unlock()
 	if r.resCapF > 0 {
-		// While a cap binds, decide on the pressure's mean over about a
-		// second: the dithered limit moves it from one sample to the next.
-		r.resP += (p - r.resP) / 4
+		// While a cap binds, decide on the pressure's mean over about half
+		// a second: the dithered limit moves it from one sample to the
+		// next.
+		r.resP += (p - r.resP) / 2
 		p = r.resP
 	} else {
 		r.resP = p
@@ -74,17 +86,17 @@ func (r *route) resourceStep(p float64) {
 	case p >= 1:
 		c := r.resCapF
 		if c == 0 {
-			// Start from what the route holds, not a limit far above it
-			// (a drain window of 256 while 8 are in flight).
+			// Start from what the route runs, not from a limit far above
+			// it (a drain window of 256 while 8 are in flight).
 			inUse, _ := r.window.InUse()
-			c = float64(max(1, min(r.window.Limit(), inUse)))
+			c = float64(max(1, min(r.window.Limit(), inUse, r.capBound())))
 		}
-		part := min(1, 0.2+(p-1)/resourceFull)
-		r.resCapF = max(1, c*(1-part*(1-capShrink[r.cfg.Overload.Criticality&3])))
+		k := r.cfg.Overload.Criticality & 3
+		r.resCapF = max(1, c*max(capShrink[k], 1-capGive[k]*(1-resourceAim/p)))
 		r.c.resourceCuts.Add(1)
 	case p < resourceResume && r.resCapF > 0:
-		r.resCapF += max(0.25, r.resCapF/10)
-		if r.resCapF >= float64(r.baseLimit) {
+		r.resCapF *= min(resourceGrow, 1+(resourceAim/max(p, 0.01)-1)/2)
+		if r.resCapF >= float64(min(r.baseLimit, 2*r.capBound())) {
 			r.resCapF, r.resCarry, r.resCap = 0, 0, 0
 			r.setLimitLocked(r.baseLimit)
 			return
@@ -102,6 +114,16 @@ func (r *route) resourceStep(p float64) {
 		r.resCap++
 	}
 	r.setLimitLocked(r.baseLimit)
+}
+
+// capBound is the most a resource cap can bind: the workers, on a route
+// whose window counts messages (more in flight only wait); the window's
+// limit on one that counts cost units.
+func (r *route) capBound() int {
+	if r.cfg.Window.Cost.Enabled() {
+		return max(1, r.baseLimit)
+	}
+	return max(1, r.cfg.Workers)
 }
 
 // resourceLoop steps the resource cap every resourceEvery until ctx ends.
