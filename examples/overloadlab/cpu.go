@@ -265,12 +265,14 @@ func runCPU(ctx context.Context, b broker, cfg config, rep *report, w io.Writer)
 		k        kind
 		label    string
 		resource bool
+		cpuOnly  bool // the monitor's CPU signal alone (no scheduler latency)
 	}
 	var vs []variant
 	for _, k := range cfg.kinds {
-		vs = append(vs, variant{k, k.String(), false})
+		vs = append(vs, variant{k, k.String(), false, false})
 		if k == sluiceMinimal {
-			vs = append(vs, variant{k, fmt.Sprintf("sluice minimal + resource signal (CPU target %.0f%%)", 100*p.target), true})
+			vs = append(vs, variant{k, fmt.Sprintf("sluice minimal + resource signal (CPU target %.0f%%)", 100*p.target), true, false},
+				variant{k, fmt.Sprintf("sluice minimal + resource signal, CPU only (target %.0f%%, SchedLatencyTarget -1)", 100*p.target), true, true})
 		}
 	}
 	for i, v := range vs {
@@ -280,7 +282,11 @@ func runCPU(ctx context.Context, b broker, cfg config, rep *report, w io.Writer)
 		s.warmup = min(cfg.deadline+2*time.Second, p.dur/2)
 		s.drain, s.keepRuns = 0, true
 		if v.resource {
-			m, err := backpressure.NewResourceMonitor(backpressure.ResourceOptions{CPUTarget: p.target})
+			o := backpressure.ResourceOptions{CPUTarget: p.target}
+			if v.cpuOnly {
+				o.SchedLatencyTarget = -1
+			}
+			m, err := backpressure.NewResourceMonitor(o)
 			if err != nil {
 				return err
 			}
