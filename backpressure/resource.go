@@ -308,8 +308,10 @@ func usageBetween(a, b resourceRaw, cores float64) ResourceUsage {
 	return u
 }
 
-// histQuantile is the q-quantile of the observations b has beyond a (the
-// upper bound of the bucket it falls in).
+// histQuantile is the q-quantile of the observations b has beyond a,
+// interpolated linearly within the bucket it falls in (the runtime's
+// scheduler-latency buckets are a quarter of a power of two wide: their
+// upper bound read a p99 of 8.5 ms as 10.5 ms, over a 10 ms target).
 func histQuantile(a, b *metrics.Float64Histogram, q float64) time.Duration {
 	var total uint64
 	for i := range b.Counts {
@@ -318,17 +320,23 @@ func histQuantile(a, b *metrics.Float64Histogram, q float64) time.Duration {
 	if total == 0 {
 		return 0
 	}
-	want := uint64(math.Ceil(q * float64(total)))
+	want := q * float64(total)
 	var n uint64
 	for i := range b.Counts {
-		n += b.Counts[i] - a.Counts[i]
-		if n >= want {
-			hi := b.Buckets[i+1]
-			if math.IsInf(hi, 1) {
-				hi = b.Buckets[i]
-			}
+		c := b.Counts[i] - a.Counts[i]
+		if c == 0 || float64(n+c) < want {
+			n += c
+			continue
+		}
+		lo, hi := b.Buckets[i], b.Buckets[i+1]
+		switch {
+		case math.IsInf(hi, 1):
+			return time.Duration(lo * float64(time.Second))
+		case math.IsInf(lo, -1):
 			return time.Duration(hi * float64(time.Second))
 		}
+		f := (want - float64(n)) / float64(c)
+		return time.Duration((lo + f*(hi-lo)) * float64(time.Second))
 	}
 	return 0
 }

@@ -1,6 +1,7 @@
 package backpressure
 
 import (
+	"math"
 	"os"
 	"path/filepath"
 	"runtime/metrics"
@@ -120,5 +121,24 @@ func TestResourceMonitorSamplesOnATickerOfItsInterval(t *testing.T) {
 	m.sample(t0.Add(600 * time.Millisecond))
 	if !m.prev.at.Equal(at) {
 		t.Error("a call 100 ms into the interval took a sample")
+	}
+}
+
+// The scheduler-latency p99 is interpolated within its bucket: with the
+// runtime's buckets a quarter of a power of two wide, the bucket's upper
+// bound read a p99 in (8.4 ms, 10.5 ms] as 10.5 ms, over a 10 ms target,
+// and the resource cap cut whenever one sample fell in that bucket.
+func TestSchedLatencyQuantileInterpolates(t *testing.T) {
+	buckets := []float64{0, 0.0083886080, 0.0104857600, math.Inf(1)}
+	a := &metrics.Float64Histogram{Counts: []uint64{0, 0, 0}, Buckets: buckets}
+	b := &metrics.Float64Histogram{Counts: []uint64{98, 2, 0}, Buckets: buckets}
+	got := histQuantile(a, b, 0.99)
+	if got < 9400*time.Microsecond || got > 9500*time.Microsecond {
+		t.Errorf("p99 %v, want about 9.44 ms (half way through the bucket)", got)
+	}
+	// Past the last finite bound: its lower bound.
+	b.Counts = []uint64{0, 0, 10}
+	if got := histQuantile(a, b, 0.99); got != time.Duration(0.0104857600*float64(time.Second)) {
+		t.Errorf("p99 in the open bucket %v, want its lower bound", got)
 	}
 }

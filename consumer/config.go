@@ -381,22 +381,23 @@ type Options struct {
 	// Resource, if set, is the process's resource pressure (typically a
 	// backpressure.ResourceMonitor: CPU against a target share of the
 	// cores, GC, scheduler latency, heap against GOMEMLIMIT). While it is
-	// at or over its target every route lowers a cap on its window's
-	// message limit each 250 ms, starting from the messages it runs, toward
-	// what would put the pressure at 95% of the target (cap × 0.95 /
-	// pressure: the whole step for Sheddable, 60% of it for
+	// at or over its target every route lowers a cap on the messages its
+	// handlers run at once each 250 ms, starting from those running,
+	// toward what would put the pressure at 95% of the target (cap × 0.95
+	// / pressure: the whole step for Sheddable, 60% of it for
 	// SheddablePlus, 40% for Critical, 25% for CriticalPlus, and at most
 	// ×0.5, ×0.7, ×0.8, ×0.9 per interval), so a CPU-bound handler runs
 	// with only as much concurrency as the target allows and sheddable
 	// routes give way first; below 92% of the target the cap grows back
-	// half way toward that point (at most ×1.25 per interval). While a cap
-	// binds the route decides on the pressure's mean over about half a
-	// second, and the cap is fractional: the window's limit alternates
-	// between its whole part and one more so that its mean is the cap (1.6
-	// messages on 2 cores, not 2 or 1). It never goes below one message.
-	// The messages a route does not take wait in the broker. It also
-	// raises the routes' pressure (backpressure.CauseResource). nil means
-	// none.
+	// half way toward that point (at most ×1.25 per interval) until it
+	// reaches Workers. While a cap binds the route decides on the
+	// pressure's mean over about half a second, and the cap is fractional:
+	// it alternates between its whole part and one more so that its mean
+	// is the fraction (1.6 handlers on 2 cores, not 2 or 1). It never goes
+	// below one. The window is not lowered: fetched messages wait in the
+	// queue, and predictive expiry counts the cap, not Workers, when it
+	// predicts their wait. It also raises the routes' pressure
+	// (backpressure.CauseResource). nil means none.
 	Resource backpressure.ResourceSignal
 }
 

@@ -64,8 +64,8 @@ type route struct {
 	limit    atomic.Int64 // the AdaptiveLimit value last applied to the window
 	limitMu  sync.Mutex   // serializes setting the window's limit (see setLimit)
 	// baseLimit is the limit the window or its controllers want, resCapF
-	// the resource cap (0: none), resCap the whole number of it applied
-	// this interval and resCarry the fraction carried to the next (see
+	// the resource cap on the handlers running (0: none), resCap the whole
+	// number of it applied this interval and resCarry the fraction carried to the next (see
 	// resource.go); under limitMu.
 	baseLimit int
 	resCap    int

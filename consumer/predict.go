@@ -101,6 +101,9 @@ type predictor struct {
 	// handler run started; busyUnits[i] is that message's cost in units.
 	busy      []atomic.Int64
 	busyUnits []atomic.Int32
+	// slots, when positive, is how many messages may run at once (the
+	// resource cap), fewer than the workers.
+	slots atomic.Int32
 	// free is the fetch loop's scratch for plan.
 	free []time.Duration
 }
@@ -128,19 +131,32 @@ func (p *predictor) plan(now time.Time) plan {
 	if !ok {
 		return plan{}
 	}
-	free := p.free[:0]
+	// The busy workers' time left, soonest first; then the slots: the
+	// idle ones now, the others as the busy ones finish. With a resource
+	// cap of c slots, a slot frees only when fewer than c run.
+	busy := p.free[:0]
 	for i := range p.busy {
 		var left time.Duration
 		switch s := p.busy[i].Load(); s {
 		case 0:
+			continue
 		case busyUntimed:
 			left = mean / 2
 		default:
 			left = max(0, time.Duration(max(1, p.busyUnits[i].Load()))*mean-now.Sub(time.Unix(0, s)))
 		}
-		free = append(free, left)
+		busy = append(busy, left)
 	}
-	slices.Sort(free)
+	slices.Sort(busy)
+	c := len(p.busy)
+	if s := int(p.slots.Load()); s > 0 && s < c {
+		c = s
+	}
+	tail := busy[max(0, len(busy)-c):]
+	idle := c - len(tail)
+	free := slices.Grow(p.free[:0], c)[:c]
+	copy(free[idle:], tail) // overlapping or from the old array: both fine
+	clear(free[:idle])
 	p.free = free
 	return plan{ok: true, high: high, mean: mean, free: free}
 }

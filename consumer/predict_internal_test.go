@@ -126,3 +126,45 @@ func TestUnitsOf(t *testing.T) {
 		t.Errorf("limit 10: %d units", u)
 	}
 }
+
+// Under a resource cap of c running messages the plan has c slots, not a
+// slot per worker: an idle worker does not take a message while c run.
+func TestPlanCountsTheResourceCap(t *testing.T) {
+	now := time.Unix(1000, 0)
+	p := newPredictor(4)
+	p.lat.observe(now, 20*time.Millisecond)
+	p.slots.Store(2)
+	// Workers 0 and 1 started 5 and 15 ms ago (15 and 5 ms left), 2 and
+	// 3 idle: both slots are taken.
+	p.busy[0].Store(now.Add(-5 * time.Millisecond).UnixNano())
+	p.busy[1].Store(now.Add(-15 * time.Millisecond).UnixNano())
+	pl := p.plan(now)
+	for pos, want := range []time.Duration{5, 15, 25, 35} {
+		if got := pl.wait(pos); got != want*time.Millisecond {
+			t.Errorf("two running, cap 2: wait(%d) = %v, want %v", pos, got, want*time.Millisecond)
+		}
+	}
+	// One running: one slot free now.
+	p.busy[0].Store(0)
+	pl = p.plan(now)
+	for pos, want := range []time.Duration{0, 5, 20, 25} {
+		if got := pl.wait(pos); got != want*time.Millisecond {
+			t.Errorf("one running, cap 2: wait(%d) = %v, want %v", pos, got, want*time.Millisecond)
+		}
+	}
+	// Three running after the cap fell to 2: a slot frees when two of
+	// them have finished.
+	p.busy[0].Store(now.Add(-5 * time.Millisecond).UnixNano())
+	p.busy[2].Store(now.Add(-10 * time.Millisecond).UnixNano())
+	pl = p.plan(now)
+	for pos, want := range []time.Duration{10, 15, 30} {
+		if got := pl.wait(pos); got != want*time.Millisecond {
+			t.Errorf("three running, cap 2: wait(%d) = %v, want %v", pos, got, want*time.Millisecond)
+		}
+	}
+	// No cap: a slot per worker.
+	p.slots.Store(0)
+	if pl = p.plan(now); len(pl.free) != 4 || pl.wait(0) != 0 {
+		t.Errorf("no cap: %v", pl.free)
+	}
+}

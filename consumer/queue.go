@@ -3,6 +3,7 @@ package consumer
 import (
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 )
 
 // queue holds a route's fetched messages until a worker takes them. It never
@@ -22,6 +23,11 @@ type queue struct {
 	// queue and not yet done (CostPolicy.MaxRunning); 0: no bound.
 	maxRunning int
 	running    int
+	// runCap, when positive, is how many messages workers may have taken
+	// and not finished (the resource cap: see resource.go); taken is how
+	// many they have. Both change under mu; finished reads them without it.
+	runCap atomic.Int32
+	taken  atomic.Int32
 
 	mu     sync.Mutex
 	cond   sync.Cond
@@ -181,17 +187,48 @@ func (q *queue) takeLate(now int64) (late []*Message, next int64) {
 	return late, next
 }
 
-// pop blocks until a message is queued or the queue is closed and empty.
+// pop blocks until a message is queued (and the resource cap, if any,
+// lets one more run) or the queue is closed and empty. finished gives the
+// message's place under the cap back.
 func (q *queue) pop() (*Message, bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	for q.n == 0 {
-		if q.closed {
+	for q.n == 0 || !q.mayTakeLocked() {
+		if q.n == 0 && q.closed {
 			return nil, false
 		}
 		q.cond.Wait()
 	}
+	q.taken.Add(1)
 	return q.removeLocked(q.nextLocked()), true
+}
+
+// mayTakeLocked reports whether the resource cap lets a worker take one
+// more message. A closed queue is drained whatever the cap.
+func (q *queue) mayTakeLocked() bool {
+	c := q.runCap.Load()
+	return c <= 0 || q.taken.Load() < c || q.closed
+}
+
+// finished gives back the place of a message pop handed out.
+func (q *queue) finished() {
+	q.taken.Add(-1)
+	if q.runCap.Load() > 0 {
+		// A worker may wait for the cap (it checked taken under mu and
+		// waits on cond, so taking mu here cannot miss it).
+		q.mu.Lock()
+		q.cond.Signal()
+		q.mu.Unlock()
+	}
+}
+
+// setRunCap sets the resource cap on the messages running (0: none).
+func (q *queue) setRunCap(n int) {
+	q.mu.Lock()
+	if q.runCap.Swap(int32(max(n, 0))) != int32(max(n, 0)) {
+		q.cond.Broadcast()
+	}
+	q.mu.Unlock()
 }
 
 // popFit is pop for a queue whose running cost is bounded: it takes the
@@ -205,10 +242,11 @@ func (q *queue) popFit() (*Message, bool) {
 		if q.n == 0 && q.closed {
 			return nil, false
 		}
-		if q.n > 0 {
+		if q.n > 0 && q.mayTakeLocked() {
 			if i := q.fitLocked(); i >= 0 {
 				m := q.removeLocked(i)
 				q.running += int(m.units)
+				q.taken.Add(1)
 				return m, true
 			}
 		}
@@ -247,6 +285,7 @@ func (q *queue) fitLocked() int {
 func (q *queue) done(units int32) {
 	q.mu.Lock()
 	q.running -= int(units)
+	q.taken.Add(-1)
 	q.cond.Broadcast()
 	q.mu.Unlock()
 }

@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"testing"
+	"testing/synctest"
 
 	"github.com/sluice-go/sluice/backpressure"
 )
@@ -87,4 +88,54 @@ func TestQueueBoundedByCost(t *testing.T) {
 	if late, _ := q.takeLate(10); len(late) != 1 || q.load() != 0 {
 		t.Fatalf("reaped %d, load %d", len(late), q.load())
 	}
+}
+
+// The resource cap bounds the messages workers have taken and not
+// finished: a pop past it waits until one finishes or the cap rises, and a
+// closed queue is drained whatever the cap.
+func TestQueueRunCap(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		q := newQueue(QueueFIFO, DropNewest, 0, 0)
+		for range 4 {
+			q.push(&Message{})
+		}
+		q.setRunCap(1)
+		if _, ok := q.pop(); !ok {
+			t.Fatal("first pop under the cap")
+		}
+		got := make(chan struct{}, 4)
+		popper := func() {
+			if _, ok := q.pop(); ok {
+				got <- struct{}{}
+			}
+		}
+		go popper()
+		synctest.Wait()
+		if len(got) != 0 {
+			t.Fatal("a second message taken with a cap of one running")
+		}
+		q.finished()
+		synctest.Wait()
+		if len(got) != 1 {
+			t.Fatal("not taken after the first finished")
+		}
+		go popper()
+		synctest.Wait()
+		if len(got) != 1 {
+			t.Fatal("taken past the cap")
+		}
+		q.setRunCap(2)
+		synctest.Wait()
+		if len(got) != 2 {
+			t.Fatal("not taken when the cap rose")
+		}
+		// Two taken, cap two, one queued: closing drains it.
+		go popper()
+		synctest.Wait()
+		q.close()
+		synctest.Wait()
+		if len(got) != 3 || q.taken.Load() != 3 {
+			t.Fatalf("after close: %d taken by the poppers, %d counted", len(got), q.taken.Load())
+		}
+	})
 }

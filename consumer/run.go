@@ -34,9 +34,10 @@ func (r *route) work(w int) {
 		}
 		if r.stopping.Load() || revoked(m) {
 			r.giveBack(m)
-			continue
+		} else {
+			r.process(m, w)
 		}
-		r.process(m, w)
+		r.queue.finished()
 	}
 }
 

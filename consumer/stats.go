@@ -182,9 +182,10 @@ type OverloadStats struct {
 	// would finish after it (predictive expiry).
 	ExpiredEarly uint64
 	// ResourceCuts counts the intervals in which the process was over its
-	// resource target (Options.Resource) and the route lowered its
-	// window's cap; ResourceCap is the whole number of it applied now
-	// (0: none in force; a fractional cap alternates between two).
+	// resource target (Options.Resource) and the route lowered its cap on
+	// the messages its handlers run at once; ResourceCap is the whole
+	// number of it applied now (0: none in force; a fractional cap
+	// alternates between two).
 	ResourceCuts uint64
 	ResourceCap  int
 	// Pressure is what backpressure.PressureFrom tells the route's
