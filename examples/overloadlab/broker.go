@@ -403,7 +403,7 @@ func (q *natsQueue) source(ctx context.Context, o srcOpts) (consumer.Source, err
 		so = natsadapter.SourceOptions{PollWait: 100 * time.Millisecond, Confirm: natsadapter.ConfirmNone}
 	}
 	cfg := jetstream.ConsumerConfig{Durable: "sluice"}
-	if o.tuned {
+	if o.tuned && o.messages > 0 {
 		cfg.MaxAckPending = o.messages
 	}
 	return natsadapter.NewSourceFor(ctx, q.b.js, q.stream, cfg, so)

@@ -136,7 +136,6 @@ func runCost(ctx context.Context, b broker, cfg config, rep *report, w io.Writer
 	for i, v := range vs {
 		s := cfg.spec(fmt.Sprintf("cost_%d", i), v.k, p.load*capMsgs)
 		s.cost, s.duration, s.mix, s.keepRuns, s.drain = p.mean(), p.dur, p.mix(), true, 0
-		s.margin = cfg.marginFor(p.dear, cfg.deadline)
 		s.warmup = min(cfg.deadline+time.Second, p.dur/2)
 		s.tune = v.tune
 		r, err := runTrial(ctx, b, s)

@@ -278,7 +278,6 @@ func runCPU(ctx context.Context, b broker, cfg config, rep *report, w io.Writer)
 	for i, v := range vs {
 		s := cfg.spec(fmt.Sprintf("cpu_%d", i), v.k, p.load*capacity)
 		s.workers, s.cost, s.duration, s.work = p.workers, p.spin, p.dur, wk
-		s.window, s.margin = cfg.windowFor(p.workers), cfg.marginFor(p.spin, cfg.deadline)
 		s.warmup = min(cfg.deadline+2*time.Second, p.dur/2)
 		s.drain, s.keepRuns = 0, true
 		if v.resource {

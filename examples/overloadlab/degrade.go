@@ -138,7 +138,6 @@ func runDegrade(ctx context.Context, b broker, cfg config, rep *report, w io.Wri
 	for _, k := range cfg.kinds {
 		s := cfg.spec(fmt.Sprintf("deg_%d", k), k, 0)
 		s.cost = d.full
-		s.window, s.margin = cfg.windowFor(cfg.workers), cfg.marginFor(d.full, cfg.deadline)
 		s.phases = []phase{{d.highDur, d.high * capacity}, {d.lowDur, d.low * capacity}}
 		s.work = degradeWork(d)
 		s.keepRuns = true

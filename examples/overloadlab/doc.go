@@ -23,10 +23,16 @@
 //   - sluice minimal: one route with the least configuration the API takes
 //     (Name, Source, Handler, the deadline header, and the numbers the
 //     README's "Use" section shows where the API requires them).
-//   - sluice tuned: one route with the lab's advice: a window of 2×workers
-//     (-window), the deadline checked at fetch and again before the handler,
-//     and a start-by margin (-margin): a message with less than that left
-//     before its deadline is settled instead of started.
+//   - sluice tuned: the minimal route plus what the documentation advises
+//     an experienced user to set: the window left to find its size (as
+//     Window.Messages's godoc advises; -window fixes one), no
+//     ShedNearDeadline (predictive expiry decides; -margin sets the
+//     explicit floor), shed and expired messages acked, one attempt,
+//     CriticalPlus, and the Source's throughput options (NATS: a 100 ms
+//     poll wait, unconfirmed acks; Kafka: shorter fetch, poll and commit
+//     intervals). Until 2026-12-03 it held a fixed window of 2×workers and
+//     a start-by margin of max(2×cost, deadline/5), which the grid found
+//     worse than the minimal route (docs/lab.md).
 //
 // First the lab measures capacity (the raw consumer draining a backlog
 // without deadlines), then for each step it offers load × capacity msg/s

@@ -267,7 +267,7 @@ func (c config) gridSpec(cell gridCell, k kind) trialSpec {
 		name: strings.ReplaceAll(fmt.Sprintf("g_%d_%d_%d_%g_%d", cell.workers, cell.cost.Microseconds(), cell.deadline.Milliseconds(), cell.load, k), ".", "p"),
 		kind: k, rate: cell.load * cell.capacity, duration: warm + c.grid.measure, warmup: warm,
 		workers: cell.workers, cost: cell.cost, deadline: cell.deadline, queueCap: c.queueCap,
-		window: c.windowFor(cell.workers), margin: c.marginFor(cell.cost, cell.deadline),
+		window: c.tunedWindow(), margin: c.tunedMargin(),
 		observer: c.observer, payload: c.payload,
 	}
 }

@@ -47,15 +47,15 @@ func TestPhasesDue(t *testing.T) {
 	}
 }
 
-func TestTunedMargin(t *testing.T) {
+func TestStartByMargin(t *testing.T) {
 	for _, c := range []struct{ cost, deadline, want time.Duration }{
 		{20 * time.Millisecond, 500 * time.Millisecond, 100 * time.Millisecond}, // deadline/5
 		{50 * time.Millisecond, 500 * time.Millisecond, 100 * time.Millisecond}, // 2×cost
 		{50 * time.Millisecond, 100 * time.Millisecond, 50 * time.Millisecond},  // capped at deadline − cost
 		{2 * time.Millisecond, 100 * time.Millisecond, 20 * time.Millisecond},
 	} {
-		if got := tunedMargin(c.cost, c.deadline); got != c.want {
-			t.Errorf("tunedMargin(%v, %v) = %v, want %v", c.cost, c.deadline, got, c.want)
+		if got := startByMargin(c.cost, c.deadline); got != c.want {
+			t.Errorf("startByMargin(%v, %v) = %v, want %v", c.cost, c.deadline, got, c.want)
 		}
 	}
 }

@@ -57,7 +57,7 @@ type config struct {
 	stepDur  time.Duration
 	warmup   time.Duration // -1: auto
 	window   int
-	margin   time.Duration // 0: tunedMargin per handler cost and deadline
+	margin   time.Duration // the tuned route's ShedNearDeadline (0: none); drop mode: 0 means startByMargin
 	queueCap int           // the plain bounded queue's bound
 	kinds    []kind        // the consumers each step and grid cell runs
 	capacity float64       // msg/s; 0 measures it
@@ -123,8 +123,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	steps := fs.String("steps", "0.5,1,2,5,10", "offered load steps, × measured capacity")
 	fs.DurationVar(&c.stepDur, "step-duration", 8*time.Second, "how long each consumer is offered each step")
 	fs.DurationVar(&c.warmup, "warmup", -1, "start of the measurement in each trial (steady state only); negative means min(deadline + 1s, half the trial)")
-	fs.IntVar(&c.window, "window", 0, "tuned sluice route's MaxInFlight; 0 means 2×workers")
-	fs.DurationVar(&c.margin, "margin", 0, "tuned sluice route's start-by margin: a message with less than this left before its deadline is dropped, not started; 0 means max(2×cost, deadline/5) capped at deadline − cost, negative disables")
+	fs.IntVar(&c.window, "window", 0, "tuned sluice route's fixed window (Window.Messages); 0 leaves the window that finds its size; the drop, backpressure and isolation modes' routes: 0 means 2×workers")
+	fs.DurationVar(&c.margin, "margin", 0, "tuned sluice route's ShedNearDeadline: a message with less than this left before its deadline is shed, not started; 0 means none (predictive expiry alone); the drop mode's start-by row: 0 means max(2×cost, deadline/5) capped at deadline − cost, negative disables")
 	fs.IntVar(&c.queueCap, "queue", 50, "the plain bounded queue's bound (messages)")
 	consumers := fs.String("consumers", "unprotected,bounded,minimal,tuned", "the consumers to compare: unprotected, bounded (plain client + bounded queue + expiry check), minimal (sluice, least configuration), tuned (sluice, the lab's advice)")
 	fs.Float64Var(&c.capacity, "capacity", 0, "capacity in msg/s; 0 measures it first")
@@ -259,8 +259,8 @@ func runLab(ctx context.Context, cfg config, w io.Writer) (*report, error) {
 	if cfg.mode == "grid" || cfg.mode == "degrade" || cfg.mode == "cpu" || cfg.mode == "cost" {
 		return rep, runOwnMode(ctx, b, cfg, rep, w)
 	}
-	fmt.Fprintf(w, "overloadlab: broker %s, %d workers × %v sleep, deadline %v; plain bounded queue %d; sluice minimal: defaults; sluice tuned: window %d, start-by margin %v\n",
-		b.name(), cfg.workers, cfg.cost, cfg.deadline, cfg.queueCap, cfg.windowFor(cfg.workers), cfg.marginFor(cfg.cost, cfg.deadline))
+	fmt.Fprintf(w, "overloadlab: broker %s, %d workers × %v sleep, deadline %v; plain bounded queue %d; sluice minimal: defaults; sluice tuned: %s\n",
+		b.name(), cfg.workers, cfg.cost, cfg.deadline, cfg.queueCap, cfg.tunedSummary())
 	needCap := cfg.mode != "backpressure"
 	if needCap && rep.capacity == 0 {
 		c, err := measureCapacity(ctx, b, cfg)
@@ -342,7 +342,29 @@ func (c config) emitWithPlot(w io.Writer, name, text string, plot func(png strin
 	return nil
 }
 
-// windowFor is the tuned route's window for workers.
+// tunedWindow is the tuned route's fixed window: -window, or 0 (the
+// window that finds its size, as Window.Messages's documentation
+// advises).
+func (c config) tunedWindow() int { return max(c.window, 0) }
+
+// tunedMargin is the tuned route's ShedNearDeadline: -margin, or none
+// (predictive expiry; the option is an explicit floor on top of it).
+func (c config) tunedMargin() time.Duration { return max(c.margin, 0) }
+
+// tunedSummary says what the tuned route sets beyond the minimal one.
+func (c config) tunedSummary() string {
+	w, m := "the window that finds its size", "no ShedNearDeadline"
+	if c.tunedWindow() > 0 {
+		w = fmt.Sprintf("a fixed window of %d", c.tunedWindow())
+	}
+	if c.tunedMargin() > 0 {
+		m = fmt.Sprintf("ShedNearDeadline %v", c.tunedMargin())
+	}
+	return w + ", " + m + ", ShedAck, CriticalPlus, one attempt, the Source's tuned options"
+}
+
+// windowFor is the window of the drop, backpressure and isolation modes'
+// sluice routes for workers (they keep the reference run's 2×workers).
 func (c config) windowFor(workers int) int {
 	if c.window > 0 {
 		return c.window
@@ -350,7 +372,7 @@ func (c config) windowFor(workers int) int {
 	return 2 * workers
 }
 
-// marginFor is the tuned route's start-by margin for a handler cost and deadline.
+// marginFor is the drop mode's start-by margin for a handler cost and deadline.
 func (c config) marginFor(cost, deadline time.Duration) time.Duration {
 	switch {
 	case c.margin < 0 || deadline == 0:
@@ -358,7 +380,7 @@ func (c config) marginFor(cost, deadline time.Duration) time.Duration {
 	case c.margin > 0:
 		return c.margin
 	}
-	return tunedMargin(cost, deadline)
+	return startByMargin(cost, deadline)
 }
 
 // warmupFor is where a trial of dur with deadline starts measuring.
@@ -373,7 +395,7 @@ func (c config) spec(name string, k kind, rate float64) trialSpec {
 	return trialSpec{
 		name: name, kind: k, rate: rate, duration: c.stepDur, warmup: c.warmupFor(c.deadline, c.stepDur),
 		workers: c.workers, cost: c.cost, deadline: c.deadline, queueCap: c.queueCap,
-		window: c.windowFor(c.workers), margin: c.marginFor(c.cost, c.deadline), observer: c.observer, payload: c.payload,
+		window: c.tunedWindow(), margin: c.tunedMargin(), observer: c.observer, payload: c.payload,
 		drain: c.deadline + c.cost + 100*time.Millisecond,
 	}
 }

@@ -36,6 +36,7 @@ func dropPolicies(cfg config, rate float64) []struct {
 } {
 	mk := func(name string, k kind, margin time.Duration, lim limits, tune func(*consumer.Route)) trialSpec {
 		s := cfg.spec(name, k, rate)
+		s.window = cfg.windowFor(cfg.workers)
 		s.margin, s.limits, s.highShare = margin, lim, cfg.dropHigh
 		if tune != nil {
 			s.window = cfg.dropQueue + cfg.workers + 8

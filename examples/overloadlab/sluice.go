@@ -29,9 +29,13 @@ func minimalRoute(name string, src consumer.Source, workers int, h consumer.Hand
 	return consumer.Route{Name: name, Source: src, Handler: h, Workers: workers}
 }
 
-// tunedRoute is the route with the lab's advice: a window of 2×workers, a
-// start-by margin (spec.margin) with ShedAck, a low-water mark of half the
-// workers, one attempt (the handler never fails), CriticalPlus.
+// tunedRoute is the route with the documentation's advice beyond the
+// minimal route: the window left to find its size (Window.Messages 0)
+// unless -window fixes one (then with a low-water mark of half the
+// workers), no ShedNearDeadline unless -margin sets one (predictive expiry
+// decides; the option is an explicit floor), expired and shed messages
+// acked, one attempt (the handler never fails), CriticalPlus; its Source
+// gets the lab's tuned options (see sourceFor).
 func tunedRoute(spec trialSpec, src consumer.Source, h consumer.Handler) consumer.Route {
 	r := consumer.Route{
 		Name:     spec.name,
@@ -39,8 +43,10 @@ func tunedRoute(spec trialSpec, src consumer.Source, h consumer.Handler) consume
 		Handler:  h,
 		Workers:  spec.workers,
 		Retry:    consumer.RetryPolicy{MaxAttempts: 1},
-		Window:   consumer.WindowPolicy{Messages: spec.window, Bytes: windowBytes(spec.window, spec.payload), MinFetch: max(1, spec.workers/2)},
 		Overload: consumer.OverloadPolicy{Criticality: backpressure.CriticalPlus},
+	}
+	if spec.window > 0 {
+		r.Window = consumer.WindowPolicy{Messages: spec.window, Bytes: windowBytes(spec.window, spec.payload), MinFetch: max(1, spec.workers/2)}
 	}
 	r.Expiry = expiry.Policy{IgnoreHeader: true}
 	if spec.deadline > 0 {
@@ -52,10 +58,10 @@ func tunedRoute(spec trialSpec, src consumer.Source, h consumer.Handler) consume
 	return r
 }
 
-// tunedMargin is the lab's start-by margin for a handler of cost and a
+// startByMargin is the drop mode's start-by margin for a handler of cost and a
 // deadline: max(2×cost, deadline/5), but never so large that a message
 // cannot start at all (at most deadline − cost, at least cost).
-func tunedMargin(cost, deadline time.Duration) time.Duration {
+func startByMargin(cost, deadline time.Duration) time.Duration {
 	return min(max(2*cost, deadline/5), max(cost, deadline-cost))
 }
 
