@@ -323,7 +323,8 @@ func plotCPU(rows []cpuRow, cfg config, file string) error {
 		pl   *plot.Plot
 		y    float64
 		name string
-	}{{use, cfg.cpu.target, "CPU target"}, {good, rows[0].capacity, "measured capacity"}, {good, 0.9 * rows[0].capacity, "target: 90% of capacity"}} {
+	}{{use, cfg.cpu.target, "CPU target"}, {good, rows[0].capacity, "measured capacity"}, {good, 0.9 * rows[0].capacity, "target: 90% of capacity"},
+		{good, cfg.cpu.target * rows[0].capacity, "capacity at the CPU target"}} {
 		l, err := plotter.NewLine(plotter.XYs{{X: 0, Y: ref.y}, {X: end, Y: ref.y}})
 		if err != nil {
 			return err
@@ -335,7 +336,10 @@ func plotCPU(rows []cpuRow, cfg config, file string) error {
 	}
 	for _, r := range rows {
 		st := styleOf(r.kind)
-		if strings.Contains(r.label, "resource") {
+		switch {
+		case strings.Contains(r.label, "CPU only"):
+			st.col, st.dashes = color.RGBA{R: 230, G: 130, A: 255}, nil
+		case strings.Contains(r.label, "resource"):
 			st.col, st.dashes = color.RGBA{R: 120, B: 180, A: 255}, nil
 		}
 		for _, pair := range []struct {
