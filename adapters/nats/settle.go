@@ -313,6 +313,11 @@ func (s *settler) reply(m *nats.Msg) {
 	rerr := replyErr(m)
 	s.mu.Lock()
 	p, ok := s.pending[id]
+	if ok && rerr != nil && s.batch && !p.sentAt.IsZero() {
+		// The plain acks sent before p met the same fate: re-send them at
+		// the next sweep, each asking for its own answer.
+		s.expediteLocked(p)
+	}
 	if ok && rerr != nil && m.Header.Get("Status") == "503" && p.kind != kindNak && p.resends < s.resends && !p.sentAt.IsZero() {
 		// No consumer took it: right after a server restart the consumer
 		// may not be loaded yet. Let the next sweep send it again.
@@ -334,6 +339,26 @@ func (s *settler) reply(m *nats.Msg) {
 	p.d.settled(rerr)
 	for _, q := range covered {
 		q.d.settled(nil)
+	}
+}
+
+// expediteLocked handles an error answer to p (ConfirmBatch): the plain
+// settlements sent before it on its connection did not land either (the
+// consumer is gone, or not loaded yet), so they are marked for the next
+// sweep to re-send (or give up on, after their last re-send) instead of
+// waiting AckTimeout for an answer that will not come, and every
+// settlement asks for its own answer until one is answered. s.mu is held.
+func (s *settler) expediteLocked(p *pendingSettle) {
+	s.answered = false
+	past := time.Now().Add(-s.timeout)
+	for _, r := range s.sent {
+		if r.seq >= p.sendSeq {
+			break
+		}
+		q := r.p
+		if q.sendSeq == r.seq && q.plain && q.conns == p.conns && s.pending[q.id] == q {
+			q.sentAt = past
+		}
 	}
 }
 

@@ -2,6 +2,7 @@ package natsadapter_test
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -222,5 +223,83 @@ func TestBatchAsksForAnswersAgainAfterReconnect(t *testing.T) {
 	t.Logf("acks before the reconnect %v, after %v", acks()[:2*workers], after)
 	if !after[0] {
 		t.Fatal("the first ack after the reconnect was plain: nothing said the consumer took acks on the new connection")
+	}
+}
+
+// TestBatchAcksToDeletedConsumerFailFast: plain acks to a consumer that
+// was deleted are dropped without a word; only the answer to the batch's
+// last ack says so (503, no responders). The plain ones before it are then
+// re-sent at once, each asking for its own answer, and given up within a
+// few sweeps, instead of each waiting AckTimeout (5 s) three times while
+// the stopping route waits for them (TestUserDurableDeletedFailsRoute ran
+// past 10 s that way under load).
+func TestBatchAcksToDeletedConsumerFailFast(t *testing.T) {
+	const n, workers = 100, 8
+	ctx, js := setup(t, n+workers)
+	cons, err := js.CreateOrUpdateConsumer(ctx, "WORK", jetstream.ConsumerConfig{Durable: "gone", AckPolicy: jetstream.AckExplicitPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := natsadapter.NewSource(js, cons, natsadapter.SourceOptions{PollWait: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gate := make(chan struct{})
+	var arrived atomic.Int64
+	c, err := consumer.New(consumer.Options{ShutdownGrace: 30 * time.Second}, consumer.Route{
+		Expiry:  expiry.Policy{IgnoreHeader: true},
+		Name:    "gone",
+		Source:  src,
+		Workers: workers,
+		Handler: func(context.Context, *consumer.Message) error {
+			if arrived.Add(1) > n {
+				<-gate
+			}
+			return nil
+		},
+		// Room beside the gated runs: the route fetches again only once a
+		// quarter of the window is free (MinFetch).
+		Window: consumer.WindowPolicy{Messages: 2 * workers, Bytes: 1 << 20},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- c.Run(ctx) }()
+	stuck := time.Now().Add(20 * time.Second)
+	for arrived.Load() < n+workers || c.Stats()[0].Settled[consumer.OutcomeSucceeded] < n {
+		select {
+		case err := <-errc:
+			t.Fatalf("run ended early: %v", err)
+		case <-time.After(5 * time.Millisecond):
+		}
+		if time.Now().After(stuck) {
+			t.Fatalf("%d handler runs, route %+v, source %+v", arrived.Load(), c.Stats()[0], src.Stats())
+		}
+	}
+	if src.Stats().AcksCovered == 0 {
+		t.Fatal("no plain ack before the deletion: the test shows nothing")
+	}
+	if err := js.DeleteConsumer(ctx, "WORK", "gone"); err != nil {
+		t.Fatal(err)
+	}
+	released := time.Now()
+	close(gate) // the last workers acks go to a consumer that is gone
+	select {
+	case err = <-errc:
+	case <-time.After(20 * time.Second):
+		t.Fatal("route still running 20 s after its durable was deleted")
+	}
+	took := time.Since(released)
+	s, st := c.Stats()[0], src.Stats()
+	t.Logf("run ended %v after the release: %v; settle errors %d, unconfirmed %d, re-sent %d", took, err, s.Errors.Settle, st.AcksUnconfirmed, st.AcksResent)
+	if !errors.Is(err, natsadapter.ErrConsumerDeleted) {
+		t.Fatalf("run returned %v", err)
+	}
+	if s.Errors.Settle != workers {
+		t.Fatalf("%d settle errors, want the %d acks sent after the deletion", s.Errors.Settle, workers)
+	}
+	if took > 4*time.Second {
+		t.Fatalf("the acks to the deleted consumer took %v to give up on (AckTimeout is 5 s)", took)
 	}
 }
