@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -52,10 +53,11 @@ func Example() {
 	sluicetest.RunUntil(context.Background(), c, 10*time.Second, func(s []consumer.RouteStats) bool {
 		return s[0].Settled[consumer.OutcomeSucceeded] == 1
 	})
-	for _, s := range rec.Ended() {
-		if s.Name() == "send order" {
-			continue
-		}
+	// The retried attempt's span may end after the second attempt's (it
+	// ends when its retry is settled): print them in attempt order.
+	spans := slices.DeleteFunc(rec.Ended(), func(s sdktrace.ReadOnlySpan) bool { return s.Name() == "send order" })
+	slices.SortFunc(spans, func(a, b sdktrace.ReadOnlySpan) int { return attempt(a) - attempt(b) })
+	for _, s := range spans {
 		attrs := map[attribute.Key]string{}
 		for _, a := range s.Attributes() {
 			attrs[a.Key] = a.Value.Emit()
@@ -73,4 +75,14 @@ func Example() {
 	//    [sluice.handler.start sluice.handler.end exception sluice.retry]
 	// process orders 2 succeeded child of send: true
 	//    [sluice.handler.start sluice.handler.end]
+}
+
+// attempt is the span's delivery attempt.
+func attempt(s sdktrace.ReadOnlySpan) int {
+	for _, a := range s.Attributes() {
+		if a.Key == otelsluice.AttrAttempt {
+			return int(a.Value.AsInt64())
+		}
+	}
+	return 0
 }
