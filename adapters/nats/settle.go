@@ -247,6 +247,9 @@ func (s *settler) write() {
 				}
 			}
 		}
+		if s.batch && len(s.sent) > 2*len(s.pending)+64 {
+			s.compactSentLocked()
+		}
 		inbox := s.inbox
 		s.mu.Unlock()
 		for i, p := range q {
@@ -340,6 +343,22 @@ func (s *settler) reply(m *nats.Msg) {
 	for _, q := range covered {
 		q.d.settled(nil)
 	}
+}
+
+// compactSentLocked drops from s.sent the entries no answer needs any more
+// (completed, or re-sent since): an answer to a Nak covers nothing, so a
+// route that only naks would otherwise grow the list without end. s.mu is
+// held.
+func (s *settler) compactSentLocked() {
+	n := 0
+	for _, r := range s.sent {
+		if r.p.sendSeq == r.seq && s.pending[r.p.id] == r.p {
+			s.sent[n] = r
+			n++
+		}
+	}
+	clear(s.sent[n:])
+	s.sent = s.sent[:n]
 }
 
 // expediteLocked handles an error answer to p (ConfirmBatch): the plain
