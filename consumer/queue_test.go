@@ -37,12 +37,13 @@ func TestQueueDropPolicies(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			src := sluicetest.NewSource()
-			release := make(chan struct{})
+			release, started := make(chan struct{}), make(chan struct{})
 			var mu sync.Mutex
 			var ran []int
 			var classes []backpressure.Criticality
 			r := route("q", src, func(ctx context.Context, m *consumer.Message) error {
 				if string(m.Key) == "m0" {
+					close(started)
 					<-release
 					return nil
 				}
@@ -63,8 +64,9 @@ func TestQueueDropPolicies(t *testing.T) {
 			}
 			stop := start(t, c)
 			src.Publish("m0", []byte("x"), nil, time.Time{})
-			eventually(t, "m0 running", func() bool { return c.Stats()[0].Fetched == 1 && src.Queued() == 0 })
-			time.Sleep(5 * time.Millisecond)
+			// m0 must be running, not only fetched: a head drop would
+			// otherwise shed m0 itself from the queue (seen under -race).
+			<-started
 			for i := 1; i <= 20; i++ {
 				var h consumer.Headers
 				if i%4 != 0 { // a quarter stays CRITICAL, the rest says SHEDDABLE
@@ -72,7 +74,13 @@ func TestQueueDropPolicies(t *testing.T) {
 				}
 				src.Publish(fmt.Sprintf("m%d", i), []byte("x"), h, time.Time{})
 			}
-			eventually(t, "fetched", func() bool { return c.Stats()[0].Fetched == 21 })
+			// Fetched counts a message before it is queued or shed: wait
+			// for the sheds too, or the worker released below races the
+			// last admissions (more than MaxLength ran under -race).
+			eventually(t, "fetched and shed", func() bool {
+				s := c.Stats()[0]
+				return s.Fetched == 21 && s.Settled[consumer.OutcomeShed] == 15
+			})
 			close(release)
 			eventually(t, "settled", func() bool { s := c.Stats()[0]; return s.Held == 0 })
 			if err := stop(); err != nil {
