@@ -27,25 +27,7 @@ import (
 func TestBatchConfirmsPlainAcksByLaterAnswer(t *testing.T) {
 	const n, workers = 2000, 8
 	ctx, js := setup(t, n)
-	var mu sync.Mutex
-	var order []bool // true: the ack asked for an answer
-	wnc, err := nats.Connect(js.Conn().ConnectedUrl())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(wnc.Close)
-	if _, err := wnc.Subscribe("$JS.ACK.WORK.>", func(m *nats.Msg) {
-		if string(m.Data) == "+ACK" {
-			mu.Lock()
-			order = append(order, m.Reply != "")
-			mu.Unlock()
-		}
-	}); err != nil {
-		t.Fatal(err)
-	}
-	if err := wnc.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	acks := ackOrder(t, js.Conn().ConnectedUrl())
 	src, err := natsadapter.NewSourceFor(ctx, js, "WORK", jetstream.ConsumerConfig{Durable: "batch"}, natsadapter.SourceOptions{PollWait: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -89,14 +71,11 @@ func TestBatchConfirmsPlainAcksByLaterAnswer(t *testing.T) {
 		t.Fatalf("server: %d ack pending, ack floor %d: a settlement counted confirmed had not landed", info.NumAckPending, info.AckFloor.Stream)
 	}
 	st := src.Stats()
-	mu.Lock()
-	defer mu.Unlock()
 	deadline := time.Now().Add(5 * time.Second)
-	for len(order) < n && time.Now().Before(deadline) {
-		mu.Unlock()
+	for len(acks()) < n && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
-		mu.Lock()
 	}
+	order := acks()
 	requests := 0
 	for _, r := range order {
 		if r {
@@ -131,28 +110,7 @@ func TestBatchAsksForAnswersAgainAfterReconnect(t *testing.T) {
 		t.Fatal(err)
 	}
 	publish(t, ctx, r.js, 3*workers)
-	var mu sync.Mutex
-	var order []bool // true: the ack asked for an answer
-	acks := func() []bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return append([]bool(nil), order...)
-	}
-	wnc, err := nats.Connect(r.srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(wnc.Close)
-	if _, err := wnc.Subscribe("$JS.ACK.WORK.>", func(m *nats.Msg) {
-		mu.Lock()
-		order = append(order, m.Reply != "")
-		mu.Unlock()
-	}); err != nil {
-		t.Fatal(err)
-	}
-	if err := wnc.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	acks := ackOrder(t, r.srv.ClientURL())
 	src, err := natsadapter.NewSourceFor(ctx, r.js, "WORK", jetstream.ConsumerConfig{Durable: "again", AckWait: 30 * time.Second}, natsadapter.SourceOptions{PollWait: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -301,5 +259,36 @@ func TestBatchAcksToDeletedConsumerFailFast(t *testing.T) {
 	}
 	if took > 4*time.Second {
 		t.Fatalf("the acks to the deleted consumer took %v to give up on (AckTimeout is 5 s)", took)
+	}
+}
+
+// ackOrder watches, on its own connection to url, the +ACKs on the WORK
+// stream in the order the server receives them, and returns what it saw
+// so far: true for an ack that asked for an answer, false for a plain one.
+func ackOrder(t *testing.T, url string) func() []bool {
+	t.Helper()
+	var mu sync.Mutex
+	var order []bool
+	wnc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(wnc.Close)
+	if _, err := wnc.Subscribe("$JS.ACK.WORK.>", func(m *nats.Msg) {
+		if string(m.Data) == "+ACK" {
+			mu.Lock()
+			order = append(order, m.Reply != "")
+			mu.Unlock()
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := wnc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return func() []bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(order)
 	}
 }
