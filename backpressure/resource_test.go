@@ -77,22 +77,34 @@ func TestResourceUsageAndPressure(t *testing.T) {
 	}
 }
 
-// On this machine the monitor reads the process's own CPU.
+// On this machine the monitor reads the process's own CPU. The busy loop
+// runs until the counter the monitor reads (cgroup usage or /proc ticks)
+// has moved, not for a fixed wall time: on a machine busy with other work a
+// 50 ms loop got too few clock ticks and the monitor read CPU 0 (a CI
+// failure). The wall-clock bound only stops a machine without the counter.
 func TestResourceMonitorReadsThisProcess(t *testing.T) {
-	m, err := NewResourceMonitor(ResourceOptions{Interval: time.Nanosecond})
+	m, err := NewResourceMonitor(ResourceOptions{Interval: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.Usage()
-	x := uint64(1)
-	for end := time.Now().Add(50 * time.Millisecond); time.Now().Before(end); {
-		x ^= x << 13
-		x ^= x >> 7
-		x ^= x << 17
+	if _, err := os.Stat("/proc/self/stat"); err != nil {
+		t.Skip("no /proc/self/stat: the CPU signal is off on this system")
 	}
-	u := m.Usage()
-	if _, err := os.Stat("/proc/self/stat"); err == nil && (u.Source == "" || u.CPU <= 0) {
-		t.Errorf("usage after a busy loop: %+v (x %d)", u, x)
+	t0 := time.Now()
+	m.sample(t0) // the first sample: the baseline
+	base := m.prev.cpu
+	x := uint64(1)
+	for end := t0.Add(30 * time.Second); m.read(time.Now()).cpu < base+3*time.Second/clockTicks && time.Now().Before(end); {
+		for range 1 << 16 {
+			x ^= x << 13
+			x ^= x >> 7
+			x ^= x << 17
+		}
+	}
+	m.next = time.Time{} // the next call samples, whatever the interval
+	u, _ := m.sample(time.Now())
+	if u.Source == "" || u.CPU <= 0 {
+		t.Errorf("usage after a busy loop of three clock ticks: %+v (x %d)", u, x)
 	}
 	if u.Cores <= 0 {
 		t.Errorf("cores %v", u.Cores)
