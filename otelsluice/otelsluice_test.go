@@ -37,7 +37,7 @@ func runRoute(t *testing.T, ctx context.Context, tc *otelsluice.Tracer, r consum
 
 func spansByKey(tr *tracing) map[string]sdktrace.ReadOnlySpan {
 	out := map[string]sdktrace.ReadOnlySpan{}
-	for _, s := range tr.rec.Ended() {
+	for _, s := range tr.Rec.Ended() {
 		if k := attr(s, "test.key"); k != "" {
 			out[k] = s
 		} else {
@@ -60,8 +60,8 @@ func keyed(h consumer.Handler) consumer.Handler {
 // dead-lettered without running (oversize).
 func TestDecisionsWithoutHandler(t *testing.T) {
 	tr := newTracing(t)
-	tc := tr.tracer(otelsluice.Options{})
-	h, producer := tr.produce()
+	tc := tr.Tracer(otelsluice.Options{})
+	h, producer := tr.Produce()
 	with := func(k, v string) consumer.Headers {
 		out := consumer.Headers{k: {v}}
 		for k, v := range h {
@@ -81,7 +81,7 @@ func TestDecisionsWithoutHandler(t *testing.T) {
 		DeadLetter: consumer.DeadLetterPolicy{Sink: sink, OnOversize: consumer.OversizeDeadLetter},
 		Overload:   consumer.OverloadPolicy{ShedNearDeadline: time.Hour, OnShed: consumer.ShedAck},
 	}, func(s consumer.RouteStats) bool { return s.Fetched == 3 })
-	spans := tr.rec.Ended()
+	spans := tr.Rec.Ended()
 	if len(spans) != 4 { // the producer's and three
 		t.Fatalf("spans: %v", names(spans))
 	}
@@ -115,8 +115,8 @@ func TestDecisionsWithoutHandler(t *testing.T) {
 // producer, and the handler still gets the producer's baggage.
 func TestLinkMode(t *testing.T) {
 	tr := newTracing(t)
-	tc := tr.tracer(otelsluice.Options{Link: true})
-	h, producer := tr.produce()
+	tc := tr.Tracer(otelsluice.Options{Link: true})
+	h, producer := tr.Produce()
 	src := sluicetest.NewSource()
 	src.Publish("a", nil, h, time.Time{})
 	tenant := make(chan string, 1)
@@ -125,7 +125,7 @@ func TestLinkMode(t *testing.T) {
 			tenant <- baggage.FromContext(ctx).Member("tenant").Value()
 			return nil
 		}}, func(s consumer.RouteStats) bool { return s.Settled[consumer.OutcomeSucceeded] == 1 })
-	s := tr.rec.Ended()[1]
+	s := tr.Rec.Ended()[1]
 	if s.Parent().IsValid() || s.SpanContext().TraceID() == producer.TraceID() {
 		t.Errorf("linked span has parent %v in trace %v", s.Parent(), s.SpanContext().TraceID())
 	}
@@ -139,18 +139,18 @@ func TestLinkMode(t *testing.T) {
 // consumer's Run ctx carries a span (the application's, alive for hours).
 func TestNoProducerContext(t *testing.T) {
 	tr := newTracing(t)
-	tc := tr.tracer(otelsluice.Options{})
-	ctx, app := tr.producer.Start(context.Background(), "app")
+	tc := tr.Tracer(otelsluice.Options{})
+	ctx, app := tr.Producer.Start(context.Background(), "app")
 	defer app.End()
 	src := sluicetest.NewSource()
 	src.Publish("a", nil, consumer.Headers{"traceparent": {"garbage"}}, time.Time{})
 	src.Publish("b", nil, nil, time.Time{})
 	runRoute(t, ctx, tc, consumer.Route{Source: src, Handler: func(context.Context, *consumer.Message) error { return nil }},
 		func(s consumer.RouteStats) bool { return s.Settled[consumer.OutcomeSucceeded] == 2 })
-	if n := len(tr.rec.Ended()); n != 2 {
+	if n := len(tr.Rec.Ended()); n != 2 {
 		t.Fatalf("%d spans ended, want 2", n)
 	}
-	for _, s := range tr.rec.Ended() {
+	for _, s := range tr.Rec.Ended() {
 		if s.Parent().IsValid() {
 			t.Errorf("%s has parent %v", s.Name(), s.Parent().SpanID())
 		}
@@ -160,7 +160,7 @@ func TestNoProducerContext(t *testing.T) {
 // The handler's error classes and a panic end up as error.type and status.
 func TestHandlerErrors(t *testing.T) {
 	tr := newTracing(t)
-	tc := tr.tracer(otelsluice.Options{})
+	tc := tr.Tracer(otelsluice.Options{})
 	src := sluicetest.NewSource()
 	src.Publish("permanent", nil, nil, time.Time{})
 	src.Publish("panic", nil, nil, time.Time{})
@@ -175,7 +175,7 @@ func TestHandlerErrors(t *testing.T) {
 	for key, want := range map[string][2]string{"permanent": {"permanent", "permanent: cannot decode"}, "panic": {"panic", "sluice: handler panicked: boom"}} {
 		s := spans[key]
 		if s == nil {
-			t.Fatalf("no span for %s: %v", key, names(tr.rec.Ended()))
+			t.Fatalf("no span for %s: %v", key, names(tr.Rec.Ended()))
 		}
 		wantAttrs(t, s, map[attribute.Key]string{"error.type": want[0], otelsluice.AttrOutcome: "terminated", otelsluice.AttrSettlement: "term"})
 		if s.Status().Code != codes.Error || s.Status().Description != want[1] {
@@ -192,9 +192,9 @@ func TestHandlerErrors(t *testing.T) {
 // BatchTarget.
 func TestReplayNewTrace(t *testing.T) {
 	tr := newTracing(t)
-	tc := tr.tracer(otelsluice.Options{ReplayNewTrace: true})
-	h, producer := tr.produce()
-	_, failed := tr.producer.Start(context.Background(), "failed processing")
+	tc := tr.Tracer(otelsluice.Options{ReplayNewTrace: true})
+	h, producer := tr.Produce()
+	_, failed := tr.Producer.Start(context.Background(), "failed processing")
 	failed.End()
 	tp := "00-" + failed.SpanContext().TraceID().String() + "-" + failed.SpanContext().SpanID().String() + "-01"
 	letter := &dlq.Letter{Class: dlq.ClassExhausted, Headers: h, Origin: dlq.Origin{Topic: "orders", Partition: -1},
@@ -221,12 +221,12 @@ func TestReplayNewTrace(t *testing.T) {
 		t.Fatalf("replay: %v %+v", err, p)
 	}
 	spans := map[string]sdktrace.ReadOnlySpan{}
-	for _, s := range tr.rec.Ended() {
+	for _, s := range tr.Rec.Ended() {
 		spans[s.Name()] = s
 	}
 	run, send := spans["replay"], spans["send orders"]
 	if run == nil || send == nil {
-		t.Fatalf("spans %v", names(tr.rec.Ended()))
+		t.Fatalf("spans %v", names(tr.Rec.Ended()))
 	}
 	if send.Parent().SpanID() != run.SpanContext().SpanID() {
 		t.Errorf("send: parent %v, want the run", send.Parent().SpanID())
@@ -277,7 +277,7 @@ func tracepartOf(h map[string][]string, sc trace.SpanContext) bool {
 func TestWindowWaitEvent(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		tr := newTracing(t)
-		tc := tr.tracer(otelsluice.Options{})
+		tc := tr.Tracer(otelsluice.Options{})
 		src := sluicetest.NewSource()
 		src.Publish("first", nil, nil, time.Time{})
 		src.Publish("second", nil, nil, time.Time{})

@@ -1,4 +1,4 @@
-package otelsluice_test
+package brokerstory_test
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	"github.com/sluice-go/sluice/adapters/nats/natstest"
 	"github.com/sluice-go/sluice/dlq"
 	"github.com/sluice-go/sluice/otelsluice"
+	"github.com/sluice-go/sluice/otelsluice/internal/storytest"
 )
 
 // The story on the embedded NATS server: naks redeliver with the original
@@ -35,25 +36,25 @@ func TestStoryNATS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	story(t, newTracing(t), broker{
-		system: "nats",
-		topic:  "orders.new",
-		source: src,
-		sink:   sink,
-		publish: func(ctx context.Context, h map[string][]string, v []byte) error {
+	storytest.Run(t, storytest.NewTracing(t), storytest.Broker{
+		System: "nats",
+		Topic:  "orders.new",
+		Source: src,
+		Sink:   sink,
+		Publish: func(ctx context.Context, h map[string][]string, v []byte) error {
 			_, err := js.PublishMsg(ctx, &nats.Msg{Subject: "orders.new", Header: nats.Header(h), Data: v})
 			return err
 		},
-		letters: func(ctx context.Context) (dlq.Source, func()) {
+		Letters: func(ctx context.Context) (dlq.Source, func()) {
 			ls, err := natsadapter.NewLetterSource(ctx, js, natsadapter.LetterSourceOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}
 			return ls, func() { _ = ls.Close(context.Background()) }
 		},
-		target: natsadapter.NewReplayTarget(js),
-		where: func(t *testing.T, s sdktrace.ReadOnlySpan) {
-			wantAttrs(t, s, map[attribute.Key]string{otelsluice.AttrStream: "ORDERS", otelsluice.AttrSequence: "1",
+		Target: natsadapter.NewReplayTarget(js),
+		Where: func(t *testing.T, s sdktrace.ReadOnlySpan) {
+			storytest.WantAttrs(t, s, map[attribute.Key]string{otelsluice.AttrStream: "ORDERS", otelsluice.AttrSequence: "1",
 				"messaging.consumer.group.name": "orders"})
 		},
 	})

@@ -1,4 +1,4 @@
-package otelsluice_test
+package brokerstory_test
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	kafkaadapter "github.com/sluice-go/sluice/adapters/kafka"
 	"github.com/sluice-go/sluice/adapters/kafka/kafkatest"
 	"github.com/sluice-go/sluice/dlq"
+	"github.com/sluice-go/sluice/otelsluice/internal/storytest"
 )
 
 // The story on kfake (or $KAFKA_BROKERS): the first failure goes to the
@@ -44,12 +45,12 @@ func TestStoryKafka(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer target.Close()
-	story(t, newTracing(t), broker{
-		system: "kafka",
-		topic:  topic,
-		source: src,
-		sink:   sink,
-		publish: func(ctx context.Context, h map[string][]string, v []byte) error {
+	storytest.Run(t, storytest.NewTracing(t), storytest.Broker{
+		System: "kafka",
+		Topic:  topic,
+		Source: src,
+		Sink:   sink,
+		Publish: func(ctx context.Context, h map[string][]string, v []byte) error {
 			var hs []kafka.Header
 			for k, vs := range h {
 				for _, s := range vs {
@@ -58,7 +59,7 @@ func TestStoryKafka(t *testing.T) {
 			}
 			return cluster.Produce(ctx, topic, []kafka.Message{{Value: v, Headers: hs}})
 		},
-		letters: func(ctx context.Context) (dlq.Source, func()) {
+		Letters: func(ctx context.Context) (dlq.Source, func()) {
 			ls, err := kafkaadapter.NewLetterSource(ctx, kafkaadapter.LetterSourceConfig{Cluster: cluster.Kafka(), Topic: dlqTopic,
 				Group: kafkatest.UniqueName("replay")})
 			if err != nil {
@@ -66,11 +67,11 @@ func TestStoryKafka(t *testing.T) {
 			}
 			return ls, func() { _ = ls.Close(context.Background()) }
 		},
-		target: target,
-		where: func(t *testing.T, s sdktrace.ReadOnlySpan) {
+		Target: target,
+		Where: func(t *testing.T, s sdktrace.ReadOnlySpan) {
 			// Both attempts name the original record, the second one read
 			// from the retry topic.
-			wantAttrs(t, s, map[attribute.Key]string{"messaging.destination.partition.id": "0",
+			storytest.WantAttrs(t, s, map[attribute.Key]string{"messaging.destination.partition.id": "0",
 				"messaging.kafka.offset": "0", "messaging.consumer.group.name": group})
 		},
 	})
