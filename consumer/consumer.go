@@ -77,6 +77,8 @@ type route struct {
 
 	failMu   sync.Mutex
 	failures map[dlq.Origin]failure // messages being retried or awaiting a dead letter
+
+	letters letterRetrier // kept messages whose letters are retried (letters.go)
 }
 
 // New validates opts and routes once and returns a Consumer. Every error
@@ -164,6 +166,7 @@ func newRoute(cfg Route, clock Clock, opts Options) (*route, error) {
 		baseLimit: cfg.Window.Messages,
 		resource:  opts.Resource,
 	}
+	r.letters.init()
 	if r.expiryOn {
 		r.pred = newPredictor(cfg.Workers)
 	}
@@ -305,8 +308,10 @@ func (r *route) stats() RouteStats {
 // route only; the others go on.
 //
 // Run owns every goroutine it starts: a fetch loop and Workers goroutines
-// per route, and one keep-alive goroutine per route that needs it. It may be
-// called once.
+// per route, one keep-alive goroutine per route that needs it, and one
+// letter retrier per route with a dead-letter sink (it retries the letters
+// of messages that cannot be nak'd, off the workers). It may be called
+// once.
 func (c *Consumer) Run(ctx context.Context) error {
 	if !c.running.CompareAndSwap(false, true) {
 		return ErrRunning
@@ -320,7 +325,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 	aliveCtx, stopAlive := context.WithCancel(settleCtx)
 	defer stopAlive()
 
-	var workers, fetchers, reapers, alive sync.WaitGroup
+	var workers, fetchers, reapers, letters, alive sync.WaitGroup
+	// errs is written by the fetch goroutines; one that has not returned
+	// when Run gives up on it may still write it, so it is read under mu.
+	var errsMu sync.Mutex
 	errs := make([]error, len(c.routes))
 	var active atomic.Int32
 	active.Store(int32(len(c.routes)))
@@ -332,7 +340,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 		fetchers.Add(1)
 		go func() {
 			defer fetchers.Done()
-			errs[i] = r.fetchLoop(runCtx)
+			err := r.fetchLoop(runCtx)
+			errsMu.Lock()
+			errs[i] = err
+			errsMu.Unlock()
 			r.queue.close()
 			if active.Add(-1) == 0 {
 				cancelRun() // every route has stopped: nothing more to do
@@ -343,6 +354,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 		}
 		if r.resource != nil {
 			reapers.Go(func() { r.resourceLoop(runCtx, r.resource) })
+		}
+		if r.cfg.DeadLetter.Sink != nil {
+			// Kept letters are retried until the grace ends, when the
+			// handlers' ctx does.
+			letters.Go(func() { r.retryLetters(handlerCtx) })
 		}
 		for w := range r.cfg.Workers {
 			workers.Add(1)
@@ -366,13 +382,18 @@ func (c *Consumer) Run(ctx context.Context) error {
 	for _, r := range c.routes {
 		r.stopping.Store(true)
 	}
-	// Settlements and dead-letter writes, wherever they run, are told to
-	// end halfway through the slack, so they are done by hardEnd.
+	// Handlers (and kept letters) get the grace; settlements and
+	// dead-letter writes, wherever they run, are told to end halfway
+	// through the slack, so they are done by hardEnd.
+	stopHandlers := time.AfterFunc(time.Until(graceEnd), cancelHandlers)
+	defer stopHandlers.Stop()
 	stopSettling := time.AfterFunc(time.Until(graceEnd.Add(ShutdownSlack/2)), cancelSettle)
 	defer stopSettling.Stop()
 
-	reapers.Wait()
 	var stuckErr error
+	if !waitUntil(&reapers, hardEnd) {
+		stuckErr = errors.Join(stuckErr, fmt.Errorf("%w: a reaper did not return (a dead-letter sink ignored its ctx)", ErrStuckHandlers))
+	}
 	if !waitUntil(&fetchers, hardEnd) {
 		// A fetch loop is inside a Source or sink call that ignores its
 		// ctx. Close the queues so the workers still finish.
@@ -381,15 +402,28 @@ func (c *Consumer) Run(ctx context.Context) error {
 		}
 		stuckErr = errors.Join(stuckErr, fmt.Errorf("%w: a fetch loop did not return (a Source or dead-letter sink ignored its ctx)", ErrStuckHandlers))
 	}
-	if !waitUntil(&workers, graceEnd) {
-		cancelHandlers()
-		if !waitUntil(&workers, hardEnd) {
-			n := 0
-			for _, r := range c.routes {
-				n += r.abandonStuck()
-			}
-			stuckErr = errors.Join(stuckErr, fmt.Errorf("%w: %d messages left to the broker", ErrStuckHandlers, n))
+	if !waitUntil(&workers, hardEnd) {
+		n := 0
+		for _, r := range c.routes {
+			n += r.abandonStuck()
 		}
+		stuckErr = errors.Join(stuckErr, fmt.Errorf("%w: %d messages left to the broker", ErrStuckHandlers, n))
+	}
+	// Nothing hands letters over any more: the retriers write what they
+	// keep until the grace ends, then abandon it.
+	for _, r := range c.routes {
+		r.letters.close()
+	}
+	if !waitUntil(&letters, hardEnd) {
+		for _, r := range c.routes {
+			r.abandonKept()
+		}
+		stuckErr = errors.Join(stuckErr, fmt.Errorf("%w: a dead-letter write did not return (a sink ignored its ctx)", ErrStuckHandlers))
+	}
+	// A kept message released its key's next message when it was
+	// settled: an ordered route hands those back now.
+	for _, r := range c.routes {
+		r.returnQueued()
 	}
 	// Wait for confirmations still outstanding, up to hardEnd.
 	for {
@@ -409,6 +443,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	stopAlive()
 	alive.Wait()
+	errsMu.Lock()
+	defer errsMu.Unlock()
 	return errors.Join(append(errs, stuckErr)...)
 }
 
@@ -430,20 +466,26 @@ func waitUntil(wg *sync.WaitGroup, deadline time.Time) bool {
 // handlers: queued messages are handed back, and the messages of the stuck
 // handlers are left unsettled for the broker to redeliver.
 func (r *route) abandonStuck() int {
+	r.returnQueued()
 	n := 0
-	for {
-		m, ok := r.queue.tryPop()
-		if !ok {
-			break
-		}
-		r.giveBack(m)
-	}
 	for _, m := range r.held.snapshot() {
 		if r.settle(m, abandon) {
 			n++
 		}
 	}
 	return n
+}
+
+// returnQueued hands back every message still queued, once the workers
+// are done (or given up on).
+func (r *route) returnQueued() {
+	for {
+		m, ok := r.queue.tryPop()
+		if !ok {
+			return
+		}
+		r.giveBack(m)
+	}
 }
 
 // errorLog keeps a route's last error and logs distinct errors at a bounded

@@ -71,7 +71,12 @@
 // dead-lettered as well (class "shed", "overloaded"). When the dead-letter
 // write fails on a last delivery, the message is kept (and kept alive) and
 // the write retried in process with backoff until it succeeds or the
-// shutdown deadline passes; then it is abandoned. A message on its last
+// shutdown grace ends; then it is abandoned. The retry holds the message's
+// window slot but no worker: one goroutine per route retries every kept
+// letter, probing a store that is down with one write per backoff, so
+// poison messages on their last delivery do not stop the route's other
+// work while the store is down (they stop it only once they fill the
+// window). A message on its last
 // delivery that is still queued at shutdown is abandoned too, not returned.
 // JetStream does not deliver a message again once it was delivered
 // MaxDeliver times, so an abandoned last delivery is lost to the consumer

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"runtime"
 	"runtime/debug"
 	"time"
@@ -306,9 +305,10 @@ func (r *route) expire(m *Message, now time.Time) {
 // A failed write never loses m. With deliveries left, m is nak'd with
 // backoff (OutcomeDLQFailed) and remembered, so its redelivery is written
 // again without running the handler. On the broker's last delivery a Nak
-// would drop it, so the write is retried in process, with backoff, until it
-// succeeds or the shutdown deadline passes; then m is left unsettled
-// (OutcomeAbandoned).
+// would drop it, and on an ordered route the redelivery would come after
+// its key's later messages: m is kept and its letter handed to the route's
+// letter retrier (letters.go); toSink then returns OutcomeDLQFailed, the
+// outcome m has so far.
 func (r *route) toSink(m *Message, class string, cause error, now time.Time, success Outcome) Outcome {
 	reason := class + ": " + firstLine(cause.Error())
 	sink := r.cfg.DeadLetter.Sink
@@ -328,18 +328,14 @@ func (r *route) toSink(m *Message, class string, cause error, now time.Time, suc
 	l := r.letter(m, class, cause, now)
 	r.event(m, Event{Kind: EventLetter, Class: class, Err: cause, Letter: l})
 	err := sink.Write(r.settleCtx, l)
-	// On the broker's last delivery a Nak would lose m; on an ordered route
-	// its redelivery would come after its key's later messages.
-	for delay := 100 * time.Millisecond; err != nil && (r.lastDelivery(m) || r.order != nil); delay = min(2*delay, 5*time.Second) {
+	if err != nil && (r.lastDelivery(m) || r.order != nil) {
+		// On the broker's last delivery a Nak would lose m; on an ordered
+		// route its redelivery would come after its key's later messages.
+		// It is kept, and its letter retried off this goroutine.
 		r.c.dlqErrors.Add(1)
 		r.noteError("dead-letter write (kept, retrying)", err)
-		// Retry until it is written or the shutdown grace is over (the
-		// handlers' ctx ends then), when it is left to the broker.
-		if !pause(r.handlerCtx, delay/2+rand.N(delay/2+1)) {
-			r.perform(m, abandon)
-			return OutcomeAbandoned
-		}
-		err = sink.Write(r.settleCtx, l)
+		r.keep(m, l, reason, success)
+		return OutcomeDLQFailed
 	}
 	if err != nil {
 		r.c.dlqErrors.Add(1)
