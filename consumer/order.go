@@ -312,8 +312,9 @@ func (o *orderer) release(m *Message) {
 			o.waiting--
 		}
 	} else {
-		// Settled out of turn: expired by the reaper while it waited, or
-		// abandoned by a shutdown.
+		// Settled out of turn: expired by the reaper while it waited
+		// (takeLate took it out of the list already), or abandoned by a
+		// shutdown.
 		for i := k.whead; i < len(k.wait); i++ {
 			if k.wait[i] == m {
 				k.wait = append(k.wait[:i], k.wait[i+1:]...)
@@ -423,9 +424,12 @@ func (o *orderer) deferGiveBack(m *Message) bool {
 	return true
 }
 
-// takeLate returns the waiting messages whose start-by time is at or
-// before now (the reaper settles them as expired: a message that never runs
-// keeps no order), and the earliest start-by time of the others (0: none).
+// takeLate takes out of their keys' wait lists the waiting messages whose
+// start-by time is at or before now, and returns them (the reaper settles
+// them as expired: a message that never runs keeps no order), with the
+// earliest start-by time of the others (0: none). Taken out here, under
+// o.mu, a reaped message can never become its key's head and be run; it
+// stays counted in its key (k.n) until release.
 func (o *orderer) takeLate(now int64) (late []*Message, next int64) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -433,14 +437,23 @@ func (o *orderer) takeLate(now int64) (late []*Message, next int64) {
 		return nil, 0
 	}
 	visit := func(k *keyState) {
+		kept := k.wait[:k.whead]
 		for _, m := range k.wait[k.whead:] {
 			switch {
 			case m.startBy == 0:
 			case m.startBy <= now:
 				late = append(late, m)
+				o.waiting--
+				continue
 			case next == 0 || m.startBy < next:
 				next = m.startBy
 			}
+			kept = append(kept, m)
+		}
+		clear(k.wait[len(kept):])
+		k.wait = kept
+		if k.whead == len(k.wait) {
+			k.wait, k.whead = k.wait[:0], 0
 		}
 	}
 	for _, inner := range o.keys {
