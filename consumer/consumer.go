@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/sluice-go/sluice/backpressure"
-	"github.com/sluice-go/sluice/dlq"
 )
 
 // CriticalityHeader is the header through which a producer may lower a
@@ -75,8 +74,7 @@ type route struct {
 	resource  backpressure.ResourceSignal // Options.Resource
 	fill      float64                     // fetched / asked of the last throttled fetch (fetch loop only)
 
-	failMu   sync.Mutex
-	failures map[dlq.Origin]failure // messages being retried or awaiting a dead letter
+	failures failures // messages being retried or awaiting a dead letter (failures.go)
 
 	letters letterRetrier // kept messages whose letters are retried (letters.go)
 }
@@ -161,12 +159,12 @@ func newRoute(cfg Route, clock Clock, opts Options) (*route, error) {
 		cfg: cfg, retry: cfg.Retry, window: w, clock: clock,
 		expiryOn: cfg.Expiry.Enabled(), header: cfg.Expiry.HeaderName(),
 		queue:     newQueue(cfg.Overload.Queue.Order, cfg.Overload.Queue.DropWhenFull, cfg.Overload.Queue.MaxLength, cfg.Overload.Queue.MaxCost),
-		failures:  map[dlq.Origin]failure{},
 		fill:      1,
 		baseLimit: cfg.Window.Messages,
 		resource:  opts.Resource,
 	}
 	r.letters.init()
+	r.failures.init(cfg.Window.Messages)
 	if r.expiryOn {
 		r.pred = newPredictor(cfg.Workers)
 	}

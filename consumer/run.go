@@ -352,9 +352,8 @@ func (r *route) toSink(m *Message, class string, cause error, now time.Time, suc
 func (r *route) letter(m *Message, class string, cause error, now time.Time) *dlq.Letter {
 	first := m.FirstFailure
 	if first.IsZero() {
-		r.failMu.Lock()
-		first = r.failures[m.Origin].first
-		r.failMu.Unlock()
+		f, _ := r.failures.get(m)
+		first = f.first
 	}
 	if first.IsZero() {
 		first = now
@@ -365,69 +364,6 @@ func (r *route) letter(m *Message, class string, cause error, now time.Time) *dl
 	}
 	return &dlq.Letter{Key: m.Key, Value: m.Value, Headers: m.Headers, Route: r.cfg.Name,
 		Err: cause.Error(), Class: class, Attempts: m.Attempt, FirstFailure: first, LastFailure: now, Origin: o}
-}
-
-// failure is what a route remembers of a message it handed back to the
-// broker after a failure: when it first failed, and, when it is out of
-// attempts and its dead-letter write failed, the letter's class and cause.
-type failure struct {
-	first time.Time
-	class string
-	cause string
-}
-
-func (r *route) updateFailure(m *Message, fn func(*failure)) {
-	r.failMu.Lock()
-	if len(r.failures) > 4*r.cfg.Window.Messages+1024 {
-		clear(r.failures) // bounded memory beats exact first-failure times
-	}
-	f := r.failures[m.Origin]
-	fn(&f)
-	r.failures[m.Origin] = f
-	r.failMu.Unlock()
-}
-
-func (r *route) rememberFailure(m *Message, now time.Time) {
-	if !m.FirstFailure.IsZero() {
-		return
-	}
-	r.updateFailure(m, func(f *failure) {
-		if f.first.IsZero() {
-			f.first = now
-		}
-	})
-}
-
-// awaitLetter remembers that m's next delivery is to be dead-lettered as
-// class without running the handler.
-func (r *route) awaitLetter(m *Message, class string, cause error, now time.Time) {
-	r.updateFailure(m, func(f *failure) {
-		if f.first.IsZero() {
-			f.first = now
-		}
-		f.class, f.cause = class, cause.Error()
-	})
-}
-
-// awaitingLetter reports whether m is a redelivery awaiting its dead
-// letter (see awaitLetter).
-func (r *route) awaitingLetter(m *Message) (failure, bool) {
-	if m.Attempt <= 1 {
-		return failure{}, false
-	}
-	r.failMu.Lock()
-	f, ok := r.failures[m.Origin]
-	r.failMu.Unlock()
-	return f, ok && f.class != ""
-}
-
-func (r *route) forget(m *Message) {
-	if m.Attempt <= 1 && m.FirstFailure.IsZero() {
-		return // never failed before: nothing remembered
-	}
-	r.failMu.Lock()
-	delete(r.failures, m.Origin)
-	r.failMu.Unlock()
 }
 
 func firstLine(s string) string {

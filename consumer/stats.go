@@ -26,7 +26,10 @@ const (
 	OutcomeDeadLettered
 	// OutcomeDLQFailed: the dead-letter write failed; nak'd so the broker
 	// redelivers it, and the redelivery goes straight to the sink again
-	// without running the handler.
+	// without running the handler. The route knows the redelivery by its
+	// Origin, topic, key and value (Sources may leave Origin empty), and
+	// remembers up to 64 × Window.Messages + 16,384 such messages, the
+	// oldest forgotten first.
 	OutcomeDLQFailed
 	// OutcomeTerminated: would have been dead-lettered, but the route has
 	// no sink; terminated.
