@@ -230,6 +230,7 @@ func (r *route) routeInfo() RouteInfo {
 
 func (r *route) stats() RouteStats {
 	s := RouteStats{RouteInfo: r.routeInfo()}
+	s.LastAbandoned = r.c.lastAbandoned.Load()
 	// Outcomes first, then Fetched: a message settled in between shows up
 	// in both, never in neither, so Fetched >= sum(Settled) always holds.
 	for i := range s.Settled {
@@ -287,7 +288,9 @@ func (r *route) stats() RouteStats {
 // is closed, then shuts down:
 //
 //  1. It stops pulling, and hands back (nak, no delay) messages that have
-//     not started.
+//     not started. A message on the broker's last delivery cannot be
+//     handed back: it is run within the grace, or dead-lettered with
+//     ClassShutdown (see the package documentation).
 //  2. Running handlers get Options.ShutdownGrace to finish; then their
 //     contexts are cancelled, and those still running ShutdownSlack later
 //     are left unsettled (OutcomeAbandoned: the broker redelivers them

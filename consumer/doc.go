@@ -76,18 +76,24 @@
 // letter, probing a store that is down with one write per backoff, so
 // poison messages on their last delivery do not stop the route's other
 // work while the store is down (they stop it only once they fill the
-// window). A message on its last
-// delivery that is still queued at shutdown is abandoned too, not returned.
-// JetStream does not deliver a message again once it was delivered
-// MaxDeliver times, so an abandoned last delivery is lost to the consumer
-// (it stays in the stream): leave MaxDeliver unlimited (-1, the default)
-// and let Retry.MaxAttempts cap attempts, which dead-letters instead.
+// window). At shutdown a last delivery is not handed back either: on an
+// Unordered route a worker still runs it within the grace; one that does
+// not run (on an ordered route, once the grace is over, or whose handler
+// the shutdown cancelled) is dead-lettered with class ClassShutdown. Only
+// when that letter cannot be written before the grace ends (or the route
+// has no sink, or the handler is stuck) is a last delivery abandoned, and
+// RouteStats.LastAbandoned counts it apart: JetStream does not deliver a
+// message again once it was delivered MaxDeliver times, so it stays in the
+// stream, where only a recovery from the stream (JetStream's max-deliveries
+// advisory names it) finds it. With MaxDeliver unlimited (-1, the default)
+// and Retry.MaxAttempts capping attempts, no delivery is ever the last.
 //
 // Shutdown (Run's ctx ends): the pull stops; messages not started are
-// returned; running handlers get Options.ShutdownGrace, then their ctx is
-// cancelled; a handler still running ShutdownSlack later is abandoned (its
-// message is not settled: settling it would let another consumer run it
-// while it still runs here) and Run returns ErrStuckHandlers. Settlements
+// returned (last deliveries: above); running handlers get
+// Options.ShutdownGrace, then their ctx is cancelled; a handler still
+// running ShutdownSlack later is abandoned (its message is not settled:
+// settling it would let another consumer run it while it still runs here)
+// and Run returns ErrStuckHandlers. Settlements
 // and dead-letter writes get a ctx that ends at ShutdownGrace +
 // ShutdownSlack/2; a settlement the broker has not confirmed by ShutdownGrace
 // + ShutdownSlack is abandoned (RouteStats.Errors.Settle counts it). A

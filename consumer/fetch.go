@@ -249,16 +249,30 @@ func (r *route) computeDeadline(m *Message) {
 
 // giveBack hands a message that has not run back to the broker on
 // shutdown: a Nak without delay, except on the broker's last delivery,
-// where a Nak would drop it: it is left unsettled instead.
+// where a Nak would drop it: it is dead-lettered instead (ClassShutdown),
+// or, when it cannot be (no sink, the settlement deadline passed, or the
+// write fails past the grace), left unsettled.
 func (r *route) giveBack(m *Message) {
 	if r.order != nil && r.order.deferGiveBack(m) {
 		return // handed back after the earlier messages of its key (order.go)
 	}
 	if r.lastDelivery(m) {
+		if r.cfg.DeadLetter.Sink != nil && r.settleCtx.Err() == nil {
+			r.toSink(m, ClassShutdown, errShutdown, r.clock.Now(), OutcomeDeadLettered)
+			return
+		}
 		r.settle(m, abandon)
 		return
 	}
 	r.settle(m, nak(OutcomeReturned, 0))
+}
+
+// runsAtShutdown reports whether a worker runs m although the route is
+// stopping: a last delivery (which cannot be handed back) is run within
+// the grace on an Unordered route. On an ordered route its key's earlier
+// messages may have been handed back already, so it is dead-lettered.
+func (r *route) runsAtShutdown(m *Message) bool {
+	return r.order == nil && r.lastDelivery(m) && r.handlerCtx.Err() == nil
 }
 
 // lastDelivery reports whether the broker will not redeliver m after a Nak.

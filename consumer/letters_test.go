@@ -217,3 +217,106 @@ func TestFetchLoopLetterDoesNotMakeShutdownStuck(t *testing.T) {
 		}
 	})
 }
+
+// Item 9 (issue 24): at shutdown a message on the broker's last delivery
+// cannot be handed back (a Nak would drop it). A worker still runs it
+// within the grace; what does not run (the grace ended, its handler was
+// cancelled) is dead-lettered with class "shutdown". Before, the ones still
+// queued were abandoned: with MaxDeliver, lost to the consumer.
+func TestShutdownLastDeliveriesRunOrDeadLettered(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		src := sluicetest.NewSource()
+		src.MaxDeliver = 1 // every delivery is the last
+		const n = 6
+		for i := range n {
+			src.Publish(fmt.Sprintf("m%d", i), []byte("v"), nil, time.Time{})
+		}
+		var sink sluicetest.Sink
+		r := route("r", src, func(ctx context.Context, _ *consumer.Message) error {
+			select {
+			case <-time.After(time.Second):
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		})
+		r.Workers, r.Retry.MaxAttempts, r.Window.Messages = 1, 1, 8
+		r.DeadLetter.Sink = &sink
+		const grace = 2200 * time.Millisecond
+		c, err := consumer.New(consumer.Options{ShutdownGrace: grace}, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stop := start(t, c)
+		time.Sleep(500 * time.Millisecond) // m0 runs, m1..m5 queued
+		err, took := stopWithin(t, stop, grace+consumer.ShutdownSlack+time.Second, func() {})
+		if err != nil || took > grace+consumer.ShutdownSlack {
+			t.Fatalf("Run returned %v after %v", err, took)
+		}
+		// m0 ends at 1 s, m1 at 2 s, m2 is cancelled at 2.7 s (the grace):
+		// m2..m5 are dead-lettered.
+		s := c.Stats()[0]
+		if s.Settled[consumer.OutcomeSucceeded] != 2 || s.Settled[consumer.OutcomeDeadLettered] != n-2 ||
+			s.Settled[consumer.OutcomeAbandoned] != 0 || s.LastAbandoned != 0 || s.Errors.Handler != 0 {
+			t.Errorf("settled %v, last abandoned %d, handler errors %d: want 2 run within the grace, the rest dead-lettered",
+				s.Settled, s.LastAbandoned, s.Errors.Handler)
+		}
+		for _, l := range sink.Letters() {
+			if l.Class != consumer.ClassShutdown {
+				t.Errorf("letter %s: class %q", l.Key, l.Class)
+			}
+		}
+		ledger, errs := src.Ledger()
+		for id, rec := range ledger {
+			if rec.Dropped || rec.Naks != 0 || rec.Acks+rec.Terms != 1 || len(errs) > 0 {
+				t.Errorf("%s: %+v %v: want acked or terminated after its letter", id, rec, errs)
+			}
+		}
+	})
+}
+
+// Item 9 (issue 24): when even the shutdown letter cannot be written (the
+// store is down), the last delivery is abandoned to the broker, never
+// nak'd, and counted apart (RouteStats.LastAbandoned): the broker will not
+// deliver it again, so only a recovery from the stream brings it back.
+func TestShutdownLastDeliveriesAbandonedWhenTheStoreIsDown(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		src := sluicetest.NewSource()
+		src.MaxDeliver = 1
+		const n = 4
+		for i := range n {
+			src.Publish(fmt.Sprintf("m%d", i), []byte("v"), nil, time.Time{})
+		}
+		var sink sluicetest.Sink
+		sink.FailWith(func(*dlq.Letter) error { return errDown })
+		r := route("r", src, func(ctx context.Context, _ *consumer.Message) error {
+			<-ctx.Done() // runs until the shutdown cancels it
+			return ctx.Err()
+		})
+		r.Workers, r.Retry.MaxAttempts, r.Window.Messages = 1, 1, 8
+		r.DeadLetter.Sink = &sink
+		const grace = time.Second
+		c, err := consumer.New(consumer.Options{ShutdownGrace: grace}, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stop := start(t, c)
+		synctest.Wait()
+		err, took := stopWithin(t, stop, grace+consumer.ShutdownSlack+time.Second, func() {})
+		if err != nil || took > grace+consumer.ShutdownSlack {
+			t.Fatalf("Run returned %v after %v", err, took)
+		}
+		s := c.Stats()[0]
+		if s.Settled[consumer.OutcomeAbandoned] != n || s.LastAbandoned != n || s.Held != 0 {
+			t.Errorf("settled %v, last abandoned %d, held %d", s.Settled, s.LastAbandoned, s.Held)
+		}
+		if sink.Writes() < n {
+			t.Errorf("%d letter writes for %d last deliveries", sink.Writes(), n)
+		}
+		for id, rec := range ledgerOf(t, src) {
+			if rec.Dropped || rec.Naks+rec.Acks+rec.Terms != 0 || !rec.Pending {
+				t.Errorf("%s: %+v: want left to the broker", id, rec)
+			}
+		}
+	})
+}

@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/sluice-go/sluice/backpressure"
@@ -21,7 +22,14 @@ const (
 	// ClassShed: shed by a queue policy on the broker's last delivery
 	// (SourceInfo.MaxDeliver), where a Nak would have lost it.
 	ClassShed = "shed"
+	// ClassShutdown: on the broker's last delivery (SourceInfo.MaxDeliver)
+	// when the route stopped, and not run within the shutdown grace: a
+	// Nak would have lost it. Replay it once the consumer runs again.
+	ClassShutdown = "shutdown"
 )
+
+// errShutdown is the cause written in a ClassShutdown letter.
+var errShutdown = errors.New("sluice: the consumer stopped before this last delivery could run")
 
 // OverloadedAction says how a message whose handler returned an error
 // marked "overloaded, do not retry" is settled. It is never retried in

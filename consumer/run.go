@@ -32,7 +32,7 @@ func (r *route) work(w int) {
 			r.processDone(m, w)
 			continue
 		}
-		if r.stopping.Load() || revoked(m) {
+		if revoked(m) || r.stopping.Load() && !r.runsAtShutdown(m) {
 			r.giveBack(m)
 		} else {
 			r.process(m, w)
@@ -56,7 +56,7 @@ func (r *route) work(w int) {
 // message's units are given back to the queue when it is done.
 func (r *route) processDone(m *Message, w int) {
 	defer r.queue.done(m.units)
-	if r.stopping.Load() {
+	if r.stopping.Load() && !r.runsAtShutdown(m) {
 		r.giveBack(m)
 		return
 	}

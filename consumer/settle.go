@@ -140,6 +140,11 @@ func (r *route) complete(m *Message, settleErr error) {
 	}
 	r.releaseWindow(m)
 	r.c.settled[o].Add(1)
+	if o == OutcomeAbandoned && m.verdict.op.Op == 0 && r.lastDelivery(m) {
+		// The broker will not deliver it again. Counted after its outcome
+		// (and read before it): LastAbandoned <= Settled[OutcomeAbandoned].
+		r.c.lastAbandoned.Add(1)
+	}
 	// Last: while m is held in stateDone its completion is under way, and
 	// Run waits for it (pendingConfirmations), so the ledger is whole when
 	// Run returns.

@@ -99,6 +99,13 @@ type RouteStats struct {
 	Held int
 	// Late counts successes that finished after the message's deadline.
 	Late uint64
+	// LastAbandoned counts the messages of Settled[OutcomeAbandoned] that
+	// were on the broker's last delivery (SourceInfo.MaxDeliver) and whose
+	// dead letter could not be written (or the route has no sink, or the
+	// handler was stuck): the broker will not deliver them again. They
+	// stay in the stream; an adapter's recovery (JetStream's max-deliveries
+	// advisory names each one) is what can still bring them back.
+	LastAbandoned uint64
 	// KeepAlives counts InProgress calls made for held messages.
 	KeepAlives uint64
 	// OldestHeld is how long the oldest held message has been held.
@@ -224,6 +231,7 @@ type counters struct {
 	fetchErrors   atomic.Uint64
 	dlqErrors     atomic.Uint64
 	keepAlives    atomic.Uint64
+	lastAbandoned atomic.Uint64
 	shed          [numShedReasons][4]atomic.Uint64
 	budgetOut     atomic.Uint64
 	throttled     atomic.Uint64
