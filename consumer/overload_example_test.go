@@ -146,3 +146,39 @@ func Example_overloadOptions() {
 	// Output:
 	// <nil>
 }
+
+// "Overloaded, do not retry" across layers: the handler calls a service
+// layer that calls a client, each retrying through backpressure.Retrier,
+// which passes an overloaded error up instead of retrying it. Three layers
+// of 3 attempts make 27 calls to a dependency that is down; with Retrier 3
+// per delivery. By default (OverloadedNak) the route hands the message back
+// to the broker, which redelivers it up to Retry.MaxAttempts (3) times: 9
+// calls. OverloadedDeadLetter dead-letters it at once: 3 calls.
+func Example_doNotRetry() {
+	dependency := func(calls *int) func(context.Context) error {
+		return func(context.Context) error { *calls++; return errors.New("dependency down") }
+	}
+	rt := &backpressure.Retrier{BaseDelay: -1}
+	for _, on := range []consumer.OverloadedAction{consumer.OverloadedNak, consumer.OverloadedDeadLetter} {
+		calls := 0
+		client := func(ctx context.Context) error { return rt.Do(ctx, dependency(&calls)) }
+		service := func(ctx context.Context) error { return rt.Do(ctx, client) }
+		src := sluicetest.NewSource()
+		src.Publish("m", []byte("x"), nil, time.Time{})
+		c, _ := consumer.New(consumer.Options{}, consumer.Route{
+			Name:    "orders",
+			Source:  src,
+			Workers: 1,
+			Handler: func(ctx context.Context, m *consumer.Message) error {
+				return service(ctx) // backpressure.Overloaded(err) after 3 calls
+			},
+			Retry:      consumer.RetryPolicy{BaseDelay: time.Millisecond, MaxDelay: time.Millisecond},
+			DeadLetter: consumer.DeadLetterPolicy{Sink: &sluicetest.Sink{}, OnOverloaded: on},
+		})
+		runUntil(c, func(s consumer.RouteStats) bool { return s.Settled[consumer.OutcomeDeadLettered] == 1 })
+		fmt.Println("calls to the dependency:", calls)
+	}
+	// Output:
+	// calls to the dependency: 9
+	// calls to the dependency: 3
+}
