@@ -76,8 +76,9 @@ func revoked(m *Message) bool {
 // nak'd to the broker, whose redelivery would come after the key's later
 // messages: it stays the head, keeps its window slot and is kept alive, and
 // runs again after the delay the nak would have asked for, with Attempt + 1
-// (holdBack). A dead-letter write that fails is retried in place the same
-// way (toSink). Only a route that stops hands messages back, and it hands a
+// (holdBack). A message whose dead-letter write fails stays the head the
+// same way while the route's letter retrier writes it (toSink, letters.go).
+// Only a route that stops hands messages back, and it hands a
 // key's messages back in order: a key's later message is given back only
 // after its head was (defer), so a broker that redelivers in nak order (a
 // JetStream durable) or from the last commit (a Kafka partition) delivers
