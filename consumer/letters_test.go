@@ -322,3 +322,56 @@ func TestShutdownLastDeliveriesAbandonedWhenTheStoreIsDown(t *testing.T) {
 		}
 	})
 }
+
+// Item 10 (issue 24), in figures: 2,000 good messages (4 workers, 5 ms
+// each: 2.5 s of virtual time) with 20 poison messages on their last
+// delivery among them and the store down the whole time. The poison
+// messages' letters are kept and retried; the good traffic runs at close to
+// its clean pace (2.53 s against 2.5 s). Before, the first 4 poison
+// messages took the 4 workers for good: 300 of 2,000 in a minute.
+func TestPoisonWithSinkDownCostsGoodTrafficLittle(t *testing.T) {
+	const good, poison = 2000, 20
+	pace := func(withPoison bool) (time.Duration, uint64) {
+		var took time.Duration
+		var done uint64
+		synctest.Test(t, func(t *testing.T) {
+			src := sluicetest.NewSource()
+			src.MaxDeliver = 1
+			for i := range good {
+				if withPoison && i%(good/poison) == 0 {
+					src.Publish(fmt.Sprintf("poison%d", i), []byte("v"), nil, time.Time{})
+				}
+				src.Publish(fmt.Sprintf("good%d", i), []byte("v"), nil, time.Time{})
+			}
+			var sink sluicetest.Sink
+			sink.FailWith(func(*dlq.Letter) error { return errDown })
+			r := route("r", src, func(_ context.Context, m *consumer.Message) error {
+				time.Sleep(5 * time.Millisecond)
+				if strings.HasPrefix(string(m.Key), "poison") {
+					return errors.New("poison")
+				}
+				return nil
+			})
+			r.Workers, r.Retry.MaxAttempts, r.Window.Messages = 4, 1, 64
+			r.DeadLetter.Sink = &sink
+			c, err := consumer.New(consumer.Options{ShutdownGrace: time.Millisecond}, r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			stop := start(t, c)
+			begin := time.Now()
+			for c.Stats()[0].Settled[consumer.OutcomeSucceeded] < good && time.Since(begin) < time.Minute {
+				time.Sleep(10 * time.Millisecond)
+			}
+			took, done = time.Since(begin), c.Stats()[0].Settled[consumer.OutcomeSucceeded]
+			_ = stop()
+		})
+		return took, done
+	}
+	clean, _ := pace(false)
+	dirty, done := pace(true)
+	t.Logf("%d good messages: %v clean; %v with %d poison on their last delivery and the store down (%d done)", good, clean, dirty, poison, done)
+	if done != good || dirty > clean+clean/4 {
+		t.Fatalf("with poison and the store down: %d of %d good in %v, clean pace %v: want within 1.25× the clean time", done, good, dirty, clean)
+	}
+}
