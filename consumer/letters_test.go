@@ -47,7 +47,8 @@ func stopWithin(t *testing.T, stop func() error, limit time.Duration, unstick fu
 func TestPoisonWithSinkDownLeavesWorkersFree(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		src := sluicetest.NewSource()
-		src.MaxDeliver = 1 // every delivery is the last
+		src.MaxDeliver = 1            // every delivery is the last
+		src.AckWait = 3 * time.Second // kept alive every second
 		for i := range 2 {
 			src.Publish(fmt.Sprintf("poison%d", i), []byte("v"), nil, time.Time{})
 		}
@@ -82,6 +83,12 @@ func TestPoisonWithSinkDownLeavesWorkersFree(t *testing.T) {
 		writes := sink.Writes()
 		if writes < 3 || writes > 2+8 {
 			t.Errorf("%d letter writes in 10 s: want one probe of the store per backoff", writes)
+		}
+		ledger, _ := src.Ledger()
+		for i := range 2 {
+			if rec := ledger[fmt.Sprintf("poison%d", i)]; rec.InProgress < 5 {
+				t.Errorf("poison%d kept alive %d times in 10 s (every second)", i, rec.InProgress)
+			}
 		}
 		sink.FailWith(nil) // the store is back: the kept letters are written
 		time.Sleep(10 * time.Second)
