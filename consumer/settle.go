@@ -18,7 +18,10 @@ import (
 // message (a worker with its handler's result, the fetch loop expiring it,
 // shutdown returning it) is the only party that settles it; a party that
 // loses the claim does nothing. So "a message settles exactly once and its
-// capacity comes back exactly once" is checkable here alone.
+// capacity comes back exactly once" is checkable here alone. A claimed
+// message whose dead letter could not be written and must not be nak'd
+// stays claimed while the route's letter retrier (letters.go) writes it;
+// the retrier then performs its verdict (or abandons it at the grace).
 
 type msgState int32
 
