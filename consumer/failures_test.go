@@ -120,13 +120,16 @@ func TestFailureMemoryKeepsAwaitedLetters(t *testing.T) {
 			t.Fatal(err)
 		}
 		stop := start(t, c)
-		for c.Stats()[0].Settled[consumer.OutcomeSucceeded] < others {
-			time.Sleep(100 * time.Millisecond)
+		waitFor := func(what string, cond func(consumer.RouteStats) bool) {
+			for begin := time.Now(); !cond(c.Stats()[0]); time.Sleep(100 * time.Millisecond) {
+				if time.Since(begin) > time.Minute {
+					t.Fatalf("%s: not within a minute: %+v", what, c.Stats()[0].Settled)
+				}
+			}
 		}
+		waitFor("others succeed", func(s consumer.RouteStats) bool { return s.Settled[consumer.OutcomeSucceeded] >= others })
 		repaired.Store(true)
-		for c.Stats()[0].Settled[consumer.OutcomeDeadLettered] < 1 {
-			time.Sleep(100 * time.Millisecond)
-		}
+		waitFor("poison dead-lettered", func(s consumer.RouteStats) bool { return s.Settled[consumer.OutcomeDeadLettered] >= 1 })
 		if err := stop(); err != nil {
 			t.Fatal(err)
 		}
