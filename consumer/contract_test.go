@@ -132,8 +132,8 @@ func TestShutdownGivesBackWithoutLosingLastDeliveries(t *testing.T) {
 			}
 		}
 		s := c.Stats()[0]
-		if s.Settled[consumer.OutcomeAbandoned] != 3 || s.Errors.Handler != 0 {
-			t.Fatalf("settled %v, handler errors %d", s.Settled, s.Errors.Handler)
+		if s.Settled[consumer.OutcomeAbandoned] != 3 || s.LastAbandoned != 3 || s.Errors.Handler != 0 {
+			t.Fatalf("settled %v, last abandoned %d, handler errors %d", s.Settled, s.LastAbandoned, s.Errors.Handler)
 		}
 	})
 }

@@ -233,55 +233,67 @@ func TestFetchLoopLetterDoesNotMakeShutdownStuck(t *testing.T) {
 // cancelled) is dead-lettered with class "shutdown". Before, the ones still
 // queued were abandoned: with MaxDeliver, lost to the consumer.
 func TestShutdownLastDeliveriesRunOrDeadLettered(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		src := sluicetest.NewSource()
-		src.MaxDeliver = 1 // every delivery is the last
-		const n = 6
-		for i := range n {
-			src.Publish(fmt.Sprintf("m%d", i), []byte("v"), nil, time.Time{})
-		}
-		var sink sluicetest.Sink
-		r := route("r", src, func(ctx context.Context, _ *consumer.Message) error {
-			select {
-			case <-time.After(time.Second):
-				return nil
-			case <-ctx.Done():
-				return ctx.Err()
-			}
+	for _, ordered := range []bool{false, true} {
+		t.Run(fmt.Sprintf("ordered=%v", ordered), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) { shutdownLastDeliveries(t, ordered) })
 		})
-		r.Workers, r.Retry.MaxAttempts, r.Window.Messages = 1, 1, 8
-		r.DeadLetter.Sink = &sink
-		const grace = 2200 * time.Millisecond
-		c, err := consumer.New(consumer.Options{ShutdownGrace: grace}, r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		stop := start(t, c)
-		time.Sleep(500 * time.Millisecond) // m0 runs, m1..m5 queued
-		err, took := stopWithin(t, stop, grace+consumer.ShutdownSlack+time.Second, func() {})
-		if err != nil || took > grace+consumer.ShutdownSlack {
-			t.Fatalf("Run returned %v after %v", err, took)
-		}
-		// m0 ends at 1 s, m1 at 2 s, m2 is cancelled at 2.7 s (the grace):
-		// m2..m5 are dead-lettered.
-		s := c.Stats()[0]
-		if s.Settled[consumer.OutcomeSucceeded] != 2 || s.Settled[consumer.OutcomeDeadLettered] != n-2 ||
-			s.Settled[consumer.OutcomeAbandoned] != 0 || s.LastAbandoned != 0 || s.Errors.Handler != 0 {
-			t.Errorf("settled %v, last abandoned %d, handler errors %d: want 2 run within the grace, the rest dead-lettered",
-				s.Settled, s.LastAbandoned, s.Errors.Handler)
-		}
-		for _, l := range sink.Letters() {
-			if l.Class != consumer.ClassShutdown {
-				t.Errorf("letter %s: class %q", l.Key, l.Class)
-			}
-		}
-		ledger, errs := src.Ledger()
-		for id, rec := range ledger {
-			if rec.Dropped || rec.Naks != 0 || rec.Acks+rec.Terms != 1 || len(errs) > 0 {
-				t.Errorf("%s: %+v %v: want acked or terminated after its letter", id, rec, errs)
-			}
+	}
+}
+
+// shutdownLastDeliveries: on an ordered route a last delivery is not run
+// at shutdown (its key's earlier messages may have been handed back): it is
+// dead-lettered at once.
+func shutdownLastDeliveries(t *testing.T, ordered bool) {
+	src := sluicetest.NewSource()
+	src.MaxDeliver = 1 // every delivery is the last
+	const n = 6
+	for i := range n {
+		src.Publish(fmt.Sprintf("m%d", i), []byte("v"), nil, time.Time{})
+	}
+	var sink sluicetest.Sink
+	r := route("r", src, func(ctx context.Context, _ *consumer.Message) error {
+		select {
+		case <-time.After(time.Second):
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
 		}
 	})
+	r.Workers, r.Retry.MaxAttempts, r.Window.Messages = 1, 1, 8
+	r.DeadLetter.Sink = &sink
+	ran := 2 // m0 ends at 1 s, m1 at 2 s, m2 is cancelled at 2.7 s (the grace)
+	if ordered {
+		r.Ordering = consumer.ByKey // one key per message
+		ran = 1                     // m0 ends at 1 s; the others are not run
+	}
+	const grace = 2200 * time.Millisecond
+	c, err := consumer.New(consumer.Options{ShutdownGrace: grace}, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := start(t, c)
+	time.Sleep(500 * time.Millisecond) // m0 runs, m1..m5 queued
+	err, took := stopWithin(t, stop, grace+consumer.ShutdownSlack+time.Second, func() {})
+	if err != nil || took > grace+consumer.ShutdownSlack {
+		t.Fatalf("Run returned %v after %v", err, took)
+	}
+	s := c.Stats()[0]
+	if s.Settled[consumer.OutcomeSucceeded] != uint64(ran) || s.Settled[consumer.OutcomeDeadLettered] != uint64(n-ran) ||
+		s.Settled[consumer.OutcomeAbandoned] != 0 || s.LastAbandoned != 0 || s.Errors.Handler != 0 {
+		t.Errorf("settled %v, last abandoned %d, handler errors %d: want %d run within the grace, the rest dead-lettered",
+			s.Settled, s.LastAbandoned, s.Errors.Handler, ran)
+	}
+	for _, l := range sink.Letters() {
+		if l.Class != consumer.ClassShutdown {
+			t.Errorf("letter %s: class %q", l.Key, l.Class)
+		}
+	}
+	ledger, errs := src.Ledger()
+	for id, rec := range ledger {
+		if rec.Dropped || rec.Naks != 0 || rec.Acks+rec.Terms != 1 || len(errs) > 0 {
+			t.Errorf("%s: %+v %v: want acked or terminated after its letter", id, rec, errs)
+		}
+	}
 }
 
 // Item 9 (issue 24): when even the shutdown letter cannot be written (the
@@ -381,4 +393,46 @@ func TestPoisonWithSinkDownCostsGoodTrafficLittle(t *testing.T) {
 	if done != good || dirty > clean+clean/4 {
 		t.Fatalf("with poison and the store down: %d of %d good in %v, clean pace %v: want within 1.25× the clean time", done, good, dirty, clean)
 	}
+}
+
+// Kept messages hold their window slots (and no worker): poison on its last
+// delivery with the store down stops a route's intake only once it fills
+// the window (package doc).
+func TestKeptLettersHoldTheirWindowSlots(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		src := sluicetest.NewSource()
+		src.MaxDeliver = 1
+		src.Publish("poison0", []byte("v"), nil, time.Time{})
+		src.Publish("poison1", []byte("v"), nil, time.Time{})
+		src.Publish("good", []byte("v"), nil, time.Time{})
+		var sink sluicetest.Sink
+		sink.FailWith(func(*dlq.Letter) error { return errDown })
+		r := route("r", src, func(_ context.Context, m *consumer.Message) error {
+			if strings.HasPrefix(string(m.Key), "poison") {
+				return errors.New("poison")
+			}
+			return nil
+		})
+		r.Workers, r.Retry.MaxAttempts, r.Window.Messages, r.Window.MinFetch = 4, 1, 2, 1
+		r.DeadLetter.Sink = &sink
+		c, err := consumer.New(consumer.Options{}, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stop := start(t, c)
+		time.Sleep(10 * time.Second)
+		synctest.Wait()
+		if s := c.Stats()[0]; s.Window.InUse != 2 || s.Fetched != 2 || s.Held != 2 {
+			t.Errorf("window %d in use, fetched %d, held %d: want the 2 kept messages holding the whole window", s.Window.InUse, s.Fetched, s.Held)
+		}
+		sink.FailWith(nil)
+		time.Sleep(10 * time.Second)
+		synctest.Wait()
+		if s := c.Stats()[0]; s.Settled[consumer.OutcomeSucceeded] != 1 || s.Settled[consumer.OutcomeDeadLettered] != 2 || s.Window.InUse != 0 {
+			t.Errorf("once the store is back: settled %v, window %d in use", s.Settled, s.Window.InUse)
+		}
+		if err := stop(); err != nil {
+			t.Fatal(err)
+		}
+	})
 }
