@@ -66,6 +66,11 @@ func (r *route) processDone(m *Message, w int) {
 // process runs one message through its last checks and the handler on
 // worker w, and settles it from the result.
 func (r *route) process(m *Message, w int) {
+	if msgState(m.state.Load()) != stateHeld {
+		// Another party claimed it (settled, or settling it) after it was
+		// queued: it is theirs, and never run.
+		return
+	}
 	if f, ok := r.awaitingLetter(m); ok {
 		// Out of attempts before, and its dead-letter write failed: it is
 		// not run again, only written again.
