@@ -48,7 +48,9 @@ const (
 	// redeliver after its ack deadline: a handler still running after the
 	// shutdown grace (settling it would let a second consumer run it while
 	// it still runs here), a last delivery whose dead-letter write never
-	// succeeded before shutdown, or a settlement never confirmed.
+	// succeeded before shutdown, or a settlement never confirmed. A last
+	// delivery (SourceInfo.MaxDeliver) is not redelivered: those are also
+	// counted in RouteStats.LastAbandoned.
 	OutcomeAbandoned
 	numOutcomes
 )
