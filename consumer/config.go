@@ -376,6 +376,8 @@ type Options struct {
 	// ShutdownSlack, whatever a handler, sink or broker does. 0 means 10 s.
 	// Negative is invalid.
 	ShutdownGrace time.Duration
+	// Health says when a route counts as stuck (Consumer.Health).
+	Health HealthPolicy
 	// Budget is an optional process-wide byte budget above route windows.
 	Budget *backpressure.Budget
 	// Resource, if set, is the process's resource pressure (typically a

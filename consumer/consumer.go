@@ -53,7 +53,8 @@ type route struct {
 	costs    classCosts  // learned costs (Window.Cost.Class)
 	stopping atomic.Bool
 	log      errorLog
-	hooked   // Options.Hook for this route
+	health   routeHealth // health.go
+	hooked               // Options.Hook for this route
 
 	handlerCtx context.Context
 	settleCtx  context.Context
@@ -86,8 +87,15 @@ func New(opts Options, routes ...Route) (*Consumer, error) {
 	if len(routes) == 0 {
 		return nil, fmt.Errorf("%w: no routes", ErrInvalidOption)
 	}
-	if opts.ShutdownGrace < 0 || opts.LogInterval < 0 {
-		return nil, fmt.Errorf("%w: ShutdownGrace %v or LogInterval %v is negative", ErrInvalidOption, opts.ShutdownGrace, opts.LogInterval)
+	// One check per option, so the message names only the one at fault.
+	if opts.ShutdownGrace < 0 {
+		return nil, fmt.Errorf("%w: ShutdownGrace %v is negative", ErrInvalidOption, opts.ShutdownGrace)
+	}
+	if opts.LogInterval < 0 {
+		return nil, fmt.Errorf("%w: LogInterval %v is negative", ErrInvalidOption, opts.LogInterval)
+	}
+	if opts.Health.StuckAfter < 0 {
+		return nil, fmt.Errorf("%w: Health.StuckAfter %v is negative", ErrInvalidOption, opts.Health.StuckAfter)
 	}
 	if isNil(opts.Clock) && opts.Clock != nil || isNil(opts.Observer) && opts.Observer != nil || isNil(opts.Hook) && opts.Hook != nil ||
 		isNil(opts.Resource) && opts.Resource != nil {
@@ -176,6 +184,7 @@ func newRoute(cfg Route, clock Clock, opts Options) (*route, error) {
 		r.order = newOrderer(r)
 	}
 	r.log.init(cfg.Name, opts.Logger, opts.LogInterval)
+	r.health.stuckAfter = opts.Health.StuckAfter
 	info, err := cfg.Source.Attach(RouteLimits{
 		Route: cfg.Name, Messages: cfg.Window.Messages, Bytes: cfg.Window.Bytes,
 		MaxAttempts: cfg.Retry.MaxAttempts, MaxDelay: max(cfg.Retry.MaxDelay, cfg.Overload.ShedDelay),
@@ -281,6 +290,7 @@ func (r *route) stats() RouteStats {
 		o.HandlerMean, o.HandlerP99, _ = r.pred.lat.estimate()
 	}
 	s.Order = r.orderStats()
+	s.Health = r.healthAt(time.Now())
 	return s
 }
 
@@ -335,6 +345,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	active.Store(int32(len(c.routes)))
 	for i, r := range c.routes {
 		r.handlerCtx, r.settleCtx = handlerCtx, settleCtx
+		r.health.begin(time.Now())
 		for c := range r.classCtx {
 			r.classCtx[c] = backpressure.WithPressure(backpressure.WithCriticality(handlerCtx, backpressure.Criticality(c)), r.pressure)
 		}
@@ -345,6 +356,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 			errsMu.Lock()
 			errs[i] = err
 			errsMu.Unlock()
+			r.health.end(err)
 			r.queue.close()
 			if active.Add(-1) == 0 {
 				cancelRun() // every route has stopped: nothing more to do

@@ -65,6 +65,14 @@ type SourceInfo struct {
 	// delivery: it dead-letters it instead (see the settlement contract in
 	// the package documentation).
 	MaxDeliver int
+	// Ready, when set, reports whether the Source is attached to its
+	// broker and can deliver: nil when it is, or an error that says why
+	// not (the connection is down, the Kafka group has not formed, the
+	// consumer was deleted). Consumer.Health calls it on every probe and
+	// metric scrape, so it must answer at once from what the Source
+	// already knows, never ask the broker. nil means the route counts as
+	// ready while it runs.
+	Ready func() error
 }
 
 // Handler processes one message. Its ctx carries the message deadline, if

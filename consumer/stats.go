@@ -117,6 +117,8 @@ type RouteStats struct {
 	Errors   ErrorStats
 	Overload OverloadStats
 	Order    OrderStats
+	// Health is the route's state (Consumer.Health), as of this snapshot.
+	Health RouteHealth
 }
 
 // Goodput returns successes that finished within their deadline.
