@@ -170,7 +170,32 @@ func NewSource(cfg Config) (*Source, error) {
 // route's window and joins the group (Ready reports when it has its first
 // assignment). A Source serves one route.
 func (s *Source) Attach(l consumer.RouteLimits) (consumer.SourceInfo, error) {
-	return s.feed.attach(l, func() { go s.run() })
+	info, err := s.feed.attach(l, func() { go s.run() })
+	if err == nil {
+		info.Ready = s.readyNow
+	}
+	return info, err
+}
+
+// readyNow is SourceInfo.Ready: nil while the Source is a member of a
+// formed group with a current generation; otherwise why not (still
+// joining, rebalancing, a join error the application has to fix, closed).
+func (s *Source) readyNow() error {
+	if s.closed.Load() {
+		return fmt.Errorf("kafka source: %w", consumer.ErrClosed)
+	}
+	if e := s.groupErr.Load(); e != nil {
+		return *e
+	}
+	select {
+	case <-s.ready:
+	default:
+		return fmt.Errorf("kafka source: joining group %s: no assignment yet", s.cfg.GroupID)
+	}
+	if g := s.cur.Load(); g == nil || g.ending.Load() {
+		return fmt.Errorf("kafka source: group %s is rebalancing: no current generation", s.cfg.GroupID)
+	}
+	return nil
 }
 
 type sysClock struct{}

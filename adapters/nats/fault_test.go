@@ -512,6 +512,10 @@ func TestUserDurableDeletedFailsRoute(t *testing.T) {
 	if !errors.Is(err, natsadapter.ErrConsumerDeleted) || !errors.Is(err, consumer.ErrClosed) || !strings.Contains(err.Error(), `"theirs"`) {
 		t.Fatalf("run returned %v", err)
 	}
+	// Health says the route stopped, and why (issue 29).
+	if rh := c.Health().Routes[0]; rh.State != consumer.StateStopped || !strings.Contains(rh.Reason, "created outside sluice, so not recreated") {
+		t.Fatalf("health %+v", rh)
+	}
 }
 
 // TestPoisonWithDLQDownKeepsFlowing is issue 13.1: with the dead-letter

@@ -79,6 +79,12 @@ func (s *Source) Fetch(ctx context.Context, maxMessages int, maxBytes int64) ([]
 	if tooBig && len(msgs) == 0 && err == nil {
 		msgs, _, err = s.pull(ctx, 1, 0)
 	}
+	switch {
+	case err == nil:
+		s.pullErr.Store(nil)
+	case ctx.Err() == nil:
+		s.pullErr.Store(&err)
+	}
 	return msgs, err
 }
 

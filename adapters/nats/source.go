@@ -155,6 +155,9 @@ type Source struct {
 	gen atomic.Uint32
 
 	c sourceCounters
+	// pullErr is the last Fetch's error, nil after a Fetch without one
+	// (readyNow).
+	pullErr atomic.Pointer[error]
 }
 
 type sourceCounters struct {
@@ -375,7 +378,26 @@ func (s *Source) Attach(l consumer.RouteLimits) (consumer.SourceInfo, error) {
 		s.reserve = initialDelayReserve(l.Messages)
 		s.sizeNow = true
 	}
-	return consumer.SourceInfo{AckWait: s.ackWaitLocked(info), MaxDeliver: s.maxDeliverLocked(info)}, nil
+	return consumer.SourceInfo{AckWait: s.ackWaitLocked(info), MaxDeliver: s.maxDeliverLocked(info), Ready: s.readyNow}, nil
+}
+
+// readyNow is SourceInfo.Ready: nil while the connection is up and the
+// last pull was not refused; otherwise why not (the connection's status,
+// or the pull's error: the consumer deleted, JetStream unavailable).
+func (s *Source) readyNow() error {
+	s.mu.Lock()
+	closed := s.closed
+	s.mu.Unlock()
+	if closed {
+		return fmt.Errorf("natsadapter: consumer %q: %w", s.name, consumer.ErrClosed)
+	}
+	if st := s.nc.Status(); st != nats.CONNECTED {
+		return fmt.Errorf("natsadapter: consumer %q: connection %s", s.name, st)
+	}
+	if e := s.pullErr.Load(); e != nil {
+		return *e
+	}
+	return nil
 }
 
 // AckWait returns the consumer's AckWait (the route keeps what it holds
