@@ -356,7 +356,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 			errsMu.Lock()
 			errs[i] = err
 			errsMu.Unlock()
-			r.health.end(err)
+			r.health.end(err, false)
 			r.queue.close()
 			if active.Add(-1) == 0 {
 				cancelRun() // every route has stopped: nothing more to do
@@ -456,6 +456,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	stopAlive()
 	alive.Wait()
+	for _, r := range c.routes {
+		r.health.end(nil, true)
+	}
 	errsMu.Lock()
 	defer errsMu.Unlock()
 	return errors.Join(append(errs, stuckErr)...)

@@ -15,8 +15,13 @@ type RouteState int8
 
 const (
 	// StateStopped: the route does not run: Run has not started or has
-	// returned, or the route's Source closed (its fetch loop ended).
+	// returned.
 	StateStopped RouteState = iota
+	// StateFailed: the route's Source closed for good (Fetch returned
+	// ErrClosed: the stream was deleted, a consumer created outside sluice
+	// was deleted) while Run goes on with the other routes. Only a restart
+	// brings the route back, so liveness fails (Health.Live).
+	StateFailed
 	// StateNotReady: the route runs, but its Source reports that it cannot
 	// deliver (SourceInfo.Ready): the broker connection is down, the
 	// Kafka group has not formed, the consumer was deleted.
@@ -37,7 +42,7 @@ const (
 	numStates
 )
 
-var stateNames = [...]string{"stopped", "not_ready", "stuck", "shedding", "progressing", "idle"}
+var stateNames = [...]string{"stopped", "failed", "not_ready", "stuck", "shedding", "progressing", "idle"}
 
 // String returns the state's metric label, for example "not_ready".
 func (s RouteState) String() string {
@@ -108,14 +113,15 @@ func (h Health) Ready() (bool, string) {
 	return true, ""
 }
 
-// Live reports whether no route has been stuck for grace or longer, and the
-// reason of the first that has. A platform restarts a process that is not
-// live; a route that is not ready (a broker down) is still live, since a
-// restart would not bring the broker back.
+// Live reports whether no route has been stuck or failed for grace or
+// longer, and the reason of the first that has. A platform restarts a
+// process that is not live; a route that is not ready (a broker down) is
+// still live, since a restart would not bring the broker back, and so is a
+// consumer whose Run has not started or has returned.
 func (h Health) Live(grace time.Duration) (bool, string) {
 	for _, r := range h.Routes {
-		if r.State == StateStuck && h.At.Sub(r.Since) >= grace {
-			return false, fmt.Sprintf("route %q stuck since %s: %s", r.Route, r.Since.UTC().Format(time.RFC3339), r.Reason)
+		if (r.State == StateStuck || r.State == StateFailed) && h.At.Sub(r.Since) >= grace {
+			return false, fmt.Sprintf("route %q %s since %s: %s", r.Route, r.State, r.Since.UTC().Format(time.RFC3339), r.Reason)
 		}
 	}
 	return true, ""
@@ -151,6 +157,7 @@ type routeHealth struct {
 	running  bool
 	started  time.Time
 	stopped  string // why the route stopped; "" while running
+	failed   bool   // its fetch loop ended with an error (Source closed)
 	settled  uint64 // the settled count the previous call saw
 	lastMove time.Time
 	state    RouteState
@@ -160,18 +167,25 @@ type routeHealth struct {
 // begin is called by Run as the route starts.
 func (h *routeHealth) begin(now time.Time) {
 	h.mu.Lock()
-	h.running, h.started, h.lastMove, h.stopped = true, now, time.Time{}, ""
+	h.running, h.started, h.lastMove, h.stopped, h.failed = true, now, time.Time{}, "", false
 	h.mu.Unlock()
 }
 
 // end is called by Run when the route's fetch loop returned (err: why; nil
-// when Run's ctx ended).
-func (h *routeHealth) end(err error) {
+// when Run's ctx ended), and with done once Run returns.
+func (h *routeHealth) end(err error, done bool) {
 	h.mu.Lock()
-	h.running = false
-	h.stopped = "Run's context ended: shutting down"
-	if err != nil {
-		h.stopped = err.Error()
+	switch {
+	case done:
+		h.running, h.failed = false, false
+		if h.stopped == "" {
+			h.stopped = "Run's context ended: shutting down"
+		}
+		h.stopped = "Run returned: " + h.stopped
+	case err != nil:
+		h.failed, h.stopped = true, err.Error()
+	default:
+		h.running, h.stopped = false, "Run's context ended: shutting down"
 	}
 	h.mu.Unlock()
 }
@@ -220,6 +234,8 @@ func (r *route) healthAt(now time.Time) RouteHealth {
 	switch {
 	case !h.running && h.started.IsZero():
 		out.State, out.Reason = StateStopped, "Run has not started"
+	case h.failed:
+		out.State, out.Reason = StateFailed, "the source closed: "+h.stopped+" (only a restart brings the route back)"
 	case !h.running:
 		out.State, out.Reason = StateStopped, h.stopped
 	case held > 0 && now.Sub(quiet) > stuckAfter:

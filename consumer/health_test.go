@@ -176,9 +176,11 @@ func TestHealthSourceNotReadyAndBack(t *testing.T) {
 	})
 }
 
-// A route whose Source closed is stopped, with the Source's error as the
-// reason, while Run goes on for the other routes.
-func TestHealthSourceClosedStopsRoute(t *testing.T) {
+// A route whose Source closed has failed, with the Source's error as the
+// reason, while Run goes on for the other routes: not ready, and not live
+// after the grace (only a restart brings it back). Once Run returns, every
+// route is stopped and the consumer is live again.
+func TestHealthSourceClosedFailsRoute(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		a, b := sluicetest.NewSource(), sluicetest.NewSource()
 		ok := func(context.Context, *consumer.Message) error { return nil }
@@ -190,15 +192,29 @@ func TestHealthSourceClosedStopsRoute(t *testing.T) {
 		a.Close()
 		synctest.Wait()
 		h := c.Health()
-		if h.Routes[0].State != consumer.StateStopped || !strings.Contains(h.Routes[0].Reason, consumer.ErrClosed.Error()) ||
+		if h.Routes[0].State != consumer.StateFailed || !strings.Contains(h.Routes[0].Reason, consumer.ErrClosed.Error()) ||
 			h.Routes[1].State != consumer.StateIdle {
 			t.Fatalf("health %+v", h.Routes)
 		}
-		if ok, why := h.Ready(); ok || !strings.Contains(why, `route "a" stopped`) {
+		if ok, why := h.Ready(); ok || !strings.Contains(why, `route "a" failed: the source closed`) {
 			t.Fatalf("ready %v %q", ok, why)
+		}
+		if ok, _ := h.Live(time.Second); !ok {
+			t.Fatal("not live within the grace")
+		}
+		time.Sleep(time.Second)
+		if ok, why := c.Health().Live(time.Second); ok || !strings.Contains(why, `route "a" failed since`) {
+			t.Fatalf("live %v %q after the grace", ok, why)
 		}
 		if err := stop(); !errors.Is(err, consumer.ErrClosed) {
 			t.Fatalf("Run: %v", err)
+		}
+		h = c.Health()
+		if h.Routes[0].State != consumer.StateStopped || !strings.Contains(h.Routes[0].Reason, "Run returned: ") {
+			t.Fatalf("after Run: %+v", h.Routes[0])
+		}
+		if ok, why := h.Live(0); !ok {
+			t.Fatalf("not live after Run returned: %s", why)
 		}
 	})
 }
@@ -259,7 +275,7 @@ func TestRouteStateNames(t *testing.T) {
 	for _, s := range consumer.RouteStates() {
 		names = append(names, s.String())
 	}
-	if got := strings.Join(names, " "); got != "stopped not_ready stuck shedding progressing idle" {
+	if got := strings.Join(names, " "); got != "stopped failed not_ready stuck shedding progressing idle" {
 		t.Fatalf("states %q", got)
 	}
 	if consumer.RouteState(-1).String() != "unknown" {

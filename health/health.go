@@ -18,10 +18,10 @@ var _ Checker = (*consumer.Consumer)(nil)
 
 // Options configure the handlers.
 type Options struct {
-	// Grace is how long a route must have been stuck before liveness
-	// fails. 0 means none: liveness fails as soon as a route is stuck
-	// (consumer.HealthPolicy.StuckAfter is already a bound). Negative is
-	// treated as 0.
+	// Grace is how long a route must have been stuck or failed before
+	// liveness fails. 0 means none: liveness fails as soon as a route is
+	// (consumer.HealthPolicy.StuckAfter is already a bound for stuck).
+	// Negative is treated as 0.
 	Grace time.Duration
 }
 
@@ -33,8 +33,8 @@ func Handler(c Checker, o Options) http.Handler {
 	return mux
 }
 
-// Live answers 503 when a route has been stuck for Options.Grace or
-// longer, 200 otherwise.
+// Live answers 503 when a route has been stuck or failed for Options.Grace
+// or longer (consumer.Health.Live), 200 otherwise.
 func Live(c Checker, o Options) http.Handler {
 	grace := max(o.Grace, 0)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

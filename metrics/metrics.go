@@ -97,6 +97,8 @@ type collector struct {
 	shed, budgetOut, throttleP, throttled, adaptive   *prometheus.Desc
 	expiredEarly, pressure, pressureCause, handlerP99 *prometheus.Desc
 	resourceCap, resourceCuts                         *prometheus.Desc
+	state, stateSince                                 *prometheus.Desc
+	states                                            []consumer.RouteState
 	outcomes                                          []consumer.Outcome
 	reasons                                           []consumer.ShedReason
 }
@@ -141,6 +143,9 @@ func newCollector(cl prometheus.Labels) *collector {
 		resourceCap:   d("resource_cap_messages", "The cap the process's resource pressure (consumer.Options.Resource) puts on the route's window now; 0 when none binds."),
 		resourceCuts:  d("resource_cuts_total", "Intervals in which the process was over its resource target and the route lowered its window's cap."),
 		handlerP99:    d("handler_p99_seconds", "The 99th percentile of handler latency the route has learned from its recent runs on messages with a deadline (what predictive expiry uses); 0 before the first."),
+		state:         d("route_state", "1 for the route's state now (consumer.Consumer.Health: stopped, failed, not_ready, stuck, shedding, progressing, idle), else 0. The reason in words is on /readyz (package health).", "state"),
+		stateSince:    d("route_state_since_seconds", "When the route entered its state (Unix seconds), as far as health probes and scrapes saw it."),
+		states:        consumer.RouteStates(),
 		outcomes:      consumer.Outcomes(),
 		reasons:       consumer.ShedReasons(),
 	}
@@ -157,7 +162,7 @@ func (c *collector) descs() []*prometheus.Desc {
 		c.malformed, c.badCrit, c.settleErrors, c.fetchErrors, c.dlqErrors, c.lastError, c.keepAlives, c.held,
 		c.inUseMsgs, c.limitMsgs, c.inUseBytes, c.limitBytes, c.peakMsgs, c.peakBytes, c.blocked, c.budgetBlocked, c.oldest,
 		c.shed, c.budgetOut, c.throttleP, c.throttled, c.adaptive, c.expiredEarly, c.pressure, c.pressureCause, c.handlerP99,
-		c.resourceCap, c.resourceCuts}
+		c.resourceCap, c.resourceCuts, c.state, c.stateSince}
 }
 
 // Describe implements prometheus.Collector.
@@ -233,5 +238,13 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(c.handlerP99, o.HandlerP99.Seconds())
 		gauge(c.resourceCap, float64(o.ResourceCap))
 		cnt(c.resourceCuts, float64(o.ResourceCuts))
+		for _, st := range c.states {
+			var v float64
+			if s.Health.State == st {
+				v = 1
+			}
+			ch <- prometheus.MustNewConstMetric(c.state, prometheus.GaugeValue, v, r.name, r.crit, st.String())
+		}
+		gauge(c.stateSince, float64(s.Health.Since.UnixNano())/1e9)
 	}
 }
