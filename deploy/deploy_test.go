@@ -573,3 +573,34 @@ func readFile(t *testing.T, path string) []byte {
 	}
 	return b
 }
+
+// TestComposeHealthchecks: every service of the compose stack has a
+// healthcheck (issue 29), and the service replicas probe themselves with
+// the binary's -healthcheck flag (the distroless image has no shell or
+// curl), which examples/service defines.
+func TestComposeHealthchecks(t *testing.T) {
+	var c struct {
+		Services map[string]struct {
+			Healthcheck struct {
+				Test []string `yaml:"test"`
+			} `yaml:"healthcheck"`
+		} `yaml:"services"`
+	}
+	readYAML(t, composeFile, &c)
+	for name, s := range c.Services {
+		if len(s.Healthcheck.Test) == 0 {
+			t.Errorf("service %s has no healthcheck", name)
+		}
+	}
+	if got := strings.Join(c.Services["service"].Healthcheck.Test, " "); got != "CMD /service -healthcheck" {
+		t.Errorf("service healthcheck %q, want the binary probing itself", got)
+	}
+	df := string(readFile(t, "service/Dockerfile"))
+	if !strings.Contains(df, "COPY --from=build /out/service /service") {
+		t.Error("the image does not put the binary at /service, where the healthcheck runs it")
+	}
+	src := string(readFile(t, "../examples/service/main.go"))
+	if !strings.Contains(src, `flag.Bool("healthcheck"`) {
+		t.Error("examples/service has no -healthcheck flag")
+	}
+}

@@ -14,6 +14,7 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -29,6 +30,7 @@ import (
 	"github.com/sluice-go/sluice/backpressure"
 	"github.com/sluice-go/sluice/consumer"
 	"github.com/sluice-go/sluice/expiry"
+	"github.com/sluice-go/sluice/health"
 	"github.com/sluice-go/sluice/metrics"
 	"github.com/sluice-go/sluice/sluicetest"
 )
@@ -52,12 +54,24 @@ type config struct {
 	metricsAddr string        // $METRICS_ADDR; "" means 127.0.0.1:0
 	rate        float64       // orders per second this instance produces
 	runFor      time.Duration // 0: until ctx ends
+	// stuckAfter is consumer.HealthPolicy.StuckAfter, grace the liveness
+	// grace of /healthz (health.Options.Grace).
+	stuckAfter, grace time.Duration
+	// beforeOrder, when set, runs before each order is handled (tests: a
+	// handler that hangs).
+	beforeOrder func(ctx context.Context)
 }
 
 func main() {
 	rate := flag.Float64("rate", 200, "orders per second this instance produces (reports: a fifth of it, payments: as many); 0 consumes only")
 	runFor := flag.Duration("run", 0, "stop after `D` (0: run until SIGINT or SIGTERM)")
+	stuckAfter := flag.Duration("stuck-after", 30*time.Second, "a route holding messages that settles none for `D` is stuck (/readyz 503)")
+	grace := flag.Duration("liveness-grace", 30*time.Second, "/healthz answers 503 once a route has been stuck or failed for `D`")
+	check := flag.Bool("healthcheck", false, "probe the running instance's /healthz on $METRICS_ADDR and exit 0 if it answers 200, else 1 (a container healthcheck: the image has no curl)")
 	flag.Parse()
+	if *check {
+		os.Exit(healthcheck(os.Stdout, os.Getenv("METRICS_ADDR")))
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	cfg := config{
@@ -66,6 +80,8 @@ func main() {
 		metricsAddr: os.Getenv("METRICS_ADDR"),
 		rate:        *rate,
 		runFor:      *runFor,
+		stuckAfter:  *stuckAfter,
+		grace:       *grace,
 	}
 	if err := run(ctx, os.Stdout, cfg); err != nil {
 		log.Fatal(err)
@@ -155,10 +171,27 @@ func run(ctx context.Context, out io.Writer, cfg config) error {
 	if err != nil {
 		return err
 	}
-	hs := &http.Server{Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: time.Second}
+	// /metrics, and the health a platform probes: /healthz (liveness) and
+	// /readyz (readiness). The consumer is made below; until then both
+	// answer 503.
+	var probe atomic.Pointer[consumer.Consumer]
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	for _, path := range []string{"/healthz", "/readyz"} {
+		mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
+			c := probe.Load()
+			if c == nil {
+				http.Error(w, "starting", http.StatusServiceUnavailable)
+				return
+			}
+			health.Handler(c, health.Options{Grace: cfg.grace}).ServeHTTP(w, r)
+		})
+	}
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: time.Second}
 	go hs.Serve(ln)
 	defer hs.Close()
 	fmt.Fprintf(out, "metrics at http://%s/metrics\n", ln.Addr())
+	fmt.Fprintf(out, "health at http://%[1]s/healthz (liveness) and http://%[1]s/readyz (readiness)\n", ln.Addr())
 
 	adaptive, err := backpressure.NewAdaptiveLimit(backpressure.AdaptiveLimitOptions{Min: 1, Max: 16})
 	if err != nil {
@@ -210,10 +243,18 @@ func run(ctx context.Context, out io.Writer, cfg config) error {
 			},
 		})
 	}
-	c, err := consumer.New(consumer.Options{Observer: obs, ShutdownGrace: 2 * time.Second}, routes...)
+	if cfg.beforeOrder != nil {
+		routes[0].Handler = func(ctx context.Context, m *consumer.Message) error {
+			cfg.beforeOrder(ctx)
+			return orderHandler(ctx, m)
+		}
+	}
+	c, err := consumer.New(consumer.Options{Observer: obs, ShutdownGrace: 2 * time.Second,
+		Health: consumer.HealthPolicy{StuckAfter: cfg.stuckAfter}}, routes...)
 	if err != nil {
 		return err
 	}
+	probe.Store(c)
 	cancelSetup()
 
 	// The load this instance adds, until ctx ends.
@@ -254,6 +295,33 @@ func run(ctx context.Context, out io.Writer, cfg config) error {
 		err = nil // a handler still sleeping at the end of the grace: harmless here
 	}
 	return err
+}
+
+// healthcheck probes the instance serving on addr ($METRICS_ADDR; an
+// unspecified host is this machine) at /healthz, prints its answer and
+// returns the exit code: 0 for 200, 1 otherwise.
+func healthcheck(out io.Writer, addr string) int {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		fmt.Fprintf(out, "healthcheck: METRICS_ADDR %q: %v\n", addr, err)
+		return 1
+	}
+	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
+		host = "127.0.0.1"
+	}
+	cl := &http.Client{Timeout: 5 * time.Second}
+	res, err := cl.Get("http://" + net.JoinHostPort(host, port) + "/healthz")
+	if err != nil {
+		fmt.Fprintf(out, "healthcheck: %v\n", err)
+		return 1
+	}
+	defer res.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(res.Body, 64<<10))
+	fmt.Fprintf(out, "healthcheck: %s\n%s", res.Status, body)
+	if res.StatusCode != http.StatusOK {
+		return 1
+	}
+	return 0
 }
 
 // orderHandler stands in for real work: 2 ms of I/O; poison orders are
