@@ -180,6 +180,31 @@ func TestReplayWithoutPolicyNamesDestinations(t *testing.T) {
 	}
 }
 
+// TestDryRunWithoutPolicyPredictsTheRefusal (issue 29): a dry run without
+// a destination policy returns the error the real run returns, instead of
+// deciding letters the real run would never read.
+func TestDryRunWithoutPolicyPredictsTheRefusal(t *testing.T) {
+	q := newMemQueue(letters(3, nil)...)
+	decided := 0
+	r, err := NewReplayer(ReplayOptions{Rate: math.Inf(1), DryRun: true, Park: &parkRecorder{},
+		OnLetter: func(d Decision) {
+			if d.Action != ActionHold {
+				decided++
+			}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := r.Run(context.Background(), q, &memTarget{})
+	var nd *NoDestinationError
+	if !errors.As(err, &nd) || !strings.Contains(err.Error(), "orders.new (3)") {
+		t.Fatalf("dry run: %v", err)
+	}
+	if rep.Parked != 0 || rep.Replayed != 0 || decided != 0 || q.left() != 3 {
+		t.Fatalf("dry run predicted moves the real run would not make: %+v, %d decided", rep, decided)
+	}
+}
+
 // TestReplayDestinationFunc: the function chooses; its error refuses; its
 // choice still passes CheckDestination.
 func TestReplayDestinationFunc(t *testing.T) {

@@ -200,7 +200,8 @@ type ReplayOptions struct {
 	Filter Filter
 	// DryRun decides every letter (OnLetter sees it) but moves, parks and
 	// removes nothing, unpaced. Progress.Destinations lists where it would
-	// publish.
+	// publish. It predicts the real run: without a destination policy
+	// (Allow, Destination, Topic) it returns the same NoDestinationError.
 	DryRun bool
 	// Max stops after this many letters moved (replayed + parked). 0 means
 	// no limit.

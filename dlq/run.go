@@ -24,7 +24,7 @@ import (
 // removed and counted, so a resumed replay does not repeat it.
 func (r *Replayer) Run(ctx context.Context, src Source, dst Target) (Progress, error) {
 	rn := &run{r: r, src: src, dst: dst, start: time.Now(), sem: make(chan struct{}, r.opts.Concurrency),
-		scan: !r.policy && !r.opts.DryRun}
+		scan: !r.policy} // a dry run too: it predicts the real run
 	rn.st.Remaining = -1
 	p, err := rn.loop(ctx)
 	if rn.scan && err == nil {

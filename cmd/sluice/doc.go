@@ -21,5 +21,13 @@
 //	go run ./cmd/sluice dlq replay --nats-store /tmp/qs --allow 'orders.>' --rate 5/s
 //
 // Exit status: 0 on success, 1 when the command failed, 2 for a bad flag or
-// argument.
+// argument (also a replay without --allow or --to, dry run or not); a
+// replay that ran to its end exits 3 when it replayed some of the letters
+// it selected and parked or left others (refused, over --max-replays,
+// malformed), 4 when it replayed none of them, and a dry run exits as the
+// real run would. A signal exits 128 + its number: 130 for Ctrl-C
+// (SIGINT), 143 for SIGTERM; an interrupted replay prints the command that
+// resumes it on its own line, with secrets left out and a line saying how
+// to give each back (the variable sluice reads it from, or the flag to
+// add).
 package main

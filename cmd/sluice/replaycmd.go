@@ -112,11 +112,10 @@ up to date on a terminal, a plain line every --progress otherwise.`,
 				}
 			}
 			var mu sync.Mutex
-			if dry && !o.json() {
+			if dry && !o.json() && (to != "" || len(allow) > 0) {
+				// Without --allow or --to the real run refuses to start,
+				// and so does the dry run (below): it lists no letters.
 				fmt.Fprintf(out, "dry run on %s: nothing is published or removed\n", b.describe())
-				if to == "" && len(allow) == 0 {
-					fmt.Fprintln(out, "no --allow or --to: every destination is refused; a real run would move nothing")
-				}
 				opts.OnLetter = func(d dlq.Decision) {
 					mu.Lock()
 					defer mu.Unlock()
@@ -143,16 +142,20 @@ up to date on a terminal, a plain line every --progress otherwise.`,
 			prog.finish()
 			var nd *dlq.NoDestinationError
 			if errors.As(err, &nd) {
-				return usageError{fmt.Errorf("replay needs --allow PATTERN (repeatable) or --to DEST: letters are untrusted and do not choose where a replay publishes; %s",
-					askedList(nd.Asked))}
+				what := "replay needs"
+				if dry {
+					what = "dry run: a real run refuses to start: replay needs"
+				}
+				return usageError{fmt.Errorf("%s --allow PATTERN (repeatable) or --to DEST: letters are untrusted and do not choose where a replay publishes; %s",
+					what, askedList(nd.Asked))}
 			}
 			interrupted := errors.Is(err, context.Canceled)
-			resume := ""
+			resume, notes := "", []string(nil)
 			if interrupted {
-				resume = resumeCommand(cmd)
+				resume, notes = resumeCommand(cmd, cf.secrets)
 			}
 			if o.json() {
-				if jerr := writeJSON(out, replayJSON(rep, dry, err, resume)); jerr != nil {
+				if jerr := writeJSON(out, replayJSON(rep, dry, err, resume, notes)); jerr != nil {
 					return jerr
 				}
 			} else {
@@ -170,13 +173,14 @@ up to date on a terminal, a plain line every --progress otherwise.`,
 				}
 			}
 			if interrupted {
-				return fmt.Errorf("interrupted after moving %d letters (replayed %d, parked %d): the rest are still in %s; resume with:\n  %s",
-					rep.Moved(), rep.Replayed, rep.Parked, b.describe(), resume)
+				lines := append([]string{"resume with:", "  " + resume}, notes...)
+				return &codedError{err: fmt.Errorf("interrupted after moving %d letters (replayed %d, parked %d): the rest are still in %s",
+					rep.Moved(), rep.Replayed, rep.Parked, b.describe()), notes: lines}
 			}
 			if err != nil {
 				return fmt.Errorf("replay stopped: %w (letters not replayed are still in %s)", err, b.describe())
 			}
-			return nil
+			return replayOutcome(rep, dry, park)
 		},
 	}
 	fs := cmd.Flags()
@@ -234,12 +238,17 @@ type replaySummary struct {
 	Destinations   []dlq.DestinationCount `json:"destinations"`
 	Error          string                 `json:"error,omitempty"`
 	Resume         string                 `json:"resume,omitempty"`
+	// ResumeNotes say how to give back what Resume leaves out (secrets).
+	ResumeNotes []string `json:"resume_notes,omitempty"`
 }
 
-func replayJSON(p dlq.Progress, dry bool, err error, resume string) replaySummary {
+func replayJSON(p dlq.Progress, dry bool, err error, resume string, notes []string) replaySummary {
 	s := replaySummary{DryRun: dry, Replayed: p.Replayed, Parked: p.Parked, Refused: p.Refused, Held: p.Held, Skipped: p.Skipped,
 		Malformed: p.Malformed, Unremoved: p.Unremoved, ElapsedSeconds: p.Elapsed.Seconds(), Rate: p.Rate,
 		Destinations: p.Destinations, Resume: resume}
+	for _, n := range notes {
+		s.ResumeNotes = append(s.ResumeNotes, strings.TrimSpace(n))
+	}
 	if s.Destinations == nil {
 		s.Destinations = []dlq.DestinationCount{}
 	}
@@ -249,16 +258,80 @@ func replayJSON(p dlq.Progress, dry bool, err error, resume string) replaySummar
 	return s
 }
 
+// replayOutcome is the exit of a replay that ran to its end (or a dry run,
+// which predicts it): nil when every letter it selected was replayed, else
+// an error with exitPartial (some replayed) or exitNothingReplayed (none),
+// naming what was not replayed.
+func replayOutcome(p dlq.Progress, dry bool, park string) error {
+	left := p.Held + p.Malformed
+	if p.Parked+left == 0 {
+		return nil
+	}
+	verb, where := "replayed", "parked in "+park
+	if dry {
+		verb, where = "a real run would replay", "would be parked in "+park
+	}
+	what := fmt.Sprintf("%d %s", p.Parked, where)
+	if park == "" || p.Parked == 0 {
+		what = ""
+	}
+	if left > 0 {
+		if what != "" {
+			what += ", "
+		}
+		what += fmt.Sprintf("%d left in place (held %d, malformed %d)", left, p.Held, p.Malformed)
+	}
+	if p.Refused > 0 {
+		what += fmt.Sprintf(" (refused %d)", p.Refused)
+	}
+	if p.Replayed == 0 {
+		return &codedError{code: exitNothingReplayed, err: fmt.Errorf("%s none of %d letters: %s (exit %d)",
+			verb, p.Parked+left, what, exitNothingReplayed)}
+	}
+	return &codedError{code: exitPartial, err: fmt.Errorf("%s %d of %d letters: %s (exit %d)",
+		verb, p.Replayed, p.Replayed+p.Parked+left, what, exitPartial)}
+}
+
+// secretFlags says, for a flag whose value holds a secret, how the
+// resumed command gets it back.
+var secretFlags = map[string]string{
+	"password": "the password is not printed: export NATS_PASSWORD=... before running it (sluice reads it like --password)",
+	"token":    "the token is not printed: export NATS_TOKEN=... before running it (sluice reads it like --token)",
+	"server":   "the server URL holds credentials and is not printed: export NATS_URL=<the URL> before running it (sluice reads it like --server)",
+	"nats":     "the server URL holds credentials and is not printed: export NATS_URL=<the URL> before running it (sluice reads it like --nats)",
+}
+
 // resumeCommand is the command line that resumes cmd: the same arguments
-// (a replay resumes from what is left); secrets in it are redacted when
-// printed.
-func resumeCommand(cmd *cobra.Command) string {
+// (a replay resumes from what is left), shell-quoted, so it runs as
+// printed. An argument holding a secret is left out, and a note (one line
+// each) says how to give it back: the environment variable sluice reads
+// it from, or the flag to add.
+func resumeCommand(cmd *cobra.Command, secrets *redactor) (string, []string) {
 	args := strings.Fields(cmd.CommandPath())
+	var notes []string
+	secret := func(v string) bool { return secrets != nil && secrets.redact(v) != v }
 	cmd.Flags().Visit(func(f *pflag.Flag) {
 		if sv, ok := f.Value.(interface{ GetSlice() []string }); ok {
 			for _, v := range sv.GetSlice() {
+				if secret(v) {
+					key, _, _ := strings.Cut(v, "=")
+					flag := "--" + f.Name + " " + key + "=..."
+					if f.Shorthand != "" {
+						flag = "-" + f.Shorthand + " " + key + "=..."
+					}
+					notes = append(notes, fmt.Sprintf("  %s is not printed: add it back (or put %s in the -F properties file)", flag, key))
+					continue
+				}
 				args = append(args, "--"+f.Name, v)
 			}
+			return
+		}
+		if secret(f.Value.String()) {
+			note, ok := secretFlags[f.Name]
+			if !ok {
+				note = "--" + f.Name + " holds a secret and is not printed: add it back"
+			}
+			notes = append(notes, "  "+note)
 			return
 		}
 		if f.Value.Type() == "bool" {
@@ -270,7 +343,7 @@ func resumeCommand(cmd *cobra.Command) string {
 	for i, a := range args {
 		args[i] = shellQuote(a)
 	}
-	return strings.Join(args, " ")
+	return strings.Join(args, " "), notes
 }
 
 // shellQuote quotes s for a POSIX shell when it needs it.

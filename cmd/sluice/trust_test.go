@@ -131,7 +131,7 @@ func TestReplayRefusesCraftedPurgeLetter(t *testing.T) {
 		t.Fatal(err)
 	}
 	out, errOut, code := run(t, "dlq", "replay", "--nats", f.url, "--allow", ">", "--rate", "inf", "--max-replays", "0")
-	if code != 0 || !strings.Contains(out, "refused 1") || !strings.Contains(out, `$JS.API.STREAM.PURGE.WORK  1 letters  REFUSED`) {
+	if code != exitPartial || !strings.Contains(out, "refused 1") || !strings.Contains(out, `$JS.API.STREAM.PURGE.WORK  1 letters  REFUSED`) {
 		t.Fatalf("exit %d: %q %q", code, out, errOut)
 	}
 	st, _ := f.js.Stream(f.ctx, "WORK")
@@ -156,7 +156,7 @@ func TestOutputJSON(t *testing.T) {
 	}
 	out, _, code = run(t, "dlq", "replay", "--nats", f.url, "--allow", "orders.*", "--rate", "inf", "-o", "json")
 	var rs replaySummary
-	if code != 0 || json.Unmarshal([]byte(out), &rs) != nil || rs.Replayed != 4 || rs.Refused != 1 || len(rs.Destinations) != 2 {
+	if code != exitPartial || json.Unmarshal([]byte(out), &rs) != nil || rs.Replayed != 4 || rs.Refused != 1 || len(rs.Destinations) != 2 {
 		t.Fatalf("replay json: %d %s", code, out)
 	}
 	_, errOut, code := run(t, "dlq", "ls", "--nats", f.url, "-o", "yaml")
@@ -196,10 +196,10 @@ func TestReplayProgressAndInterrupt(t *testing.T) {
 	args := []string{"dlq", "replay", "--nats", f.url, "--allow", "orders.>", "--rate", "10/s", "--progress", "1ms", "--filter", "route=orders"}
 	code := execute(ctx, args, &out, errOut)
 	text := errOut.buf.String()
-	if code != exitError || !strings.Contains(text, "interrupted after moving") || !strings.Contains(text, "resume with: sluice dlq replay") {
+	if code != exitError || !strings.Contains(text, "interrupted after moving") || !strings.Contains(text, "\nresume with:\n  sluice dlq replay") {
 		t.Fatalf("exit %d, stderr %q", code, text)
 	}
-	resume := strings.TrimSpace(text[strings.Index(text, "resume with: ")+len("resume with: "):])
+	resume := strings.TrimSpace(text[strings.Index(text, "resume with:\n")+len("resume with:\n"):])
 	if !strings.Contains(resume, "--allow 'orders.>'") || !strings.Contains(resume, "--filter route=orders") {
 		t.Fatalf("resume command %q", resume)
 	}

@@ -1,0 +1,192 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	natsadapter "github.com/sluice-go/sluice/adapters/nats"
+)
+
+// The tests in this file are where operators tripped (issue 29, part 4),
+// each against a real server.
+
+// sluiceOnPath puts a `sluice` on PATH that runs this test binary as the
+// CLI, so a printed command line runs as an operator would run it.
+func sluiceOnPath(t *testing.T) {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	script := "#!/bin/sh\n" + childEnv + "=1 exec '" + self + "' \"$@\"\n"
+	if err := os.WriteFile(filepath.Join(dir, "sluice"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", dir+string(os.PathListSeparator)+os.Getenv("PATH"))
+}
+
+// Ctrl-C (SIGINT) during a replay with a password on the command line:
+// the process exits 130; the resume command is on its own line, holds no
+// [REDACTED] placeholder, and the next line names the variable that gives
+// the password back. Run by a shell exactly as printed, with that variable
+// exported, it finishes the replay.
+func TestInterruptPrintsAResumeCommandThatRuns(t *testing.T) {
+	s := userPasswordNATS(t)
+	s.seed(t)
+	sluiceOnPath(t)
+	cmd := exec.Command("sluice", append([]string{"dlq", "replay", "--allow", "orders.>", "--filter", "route=orders",
+		"--rate", "2/s", "--progress", "1ms"}, s.args...)...)
+	var stdout bytes.Buffer
+	cmd.Stdout = &stdout
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var errText strings.Builder
+	moved := make(chan struct{})
+	scanned := make(chan struct{})
+	go func() {
+		defer close(scanned)
+		sc := bufio.NewScanner(stderr)
+		once := sync.Once{}
+		for sc.Scan() {
+			mu.Lock()
+			errText.WriteString(sc.Text() + "\n")
+			mu.Unlock()
+			if strings.HasPrefix(sc.Text(), "1 moved") {
+				once.Do(func() { close(moved) })
+			}
+		}
+	}()
+	select {
+	case <-moved:
+	case <-time.After(30 * time.Second):
+		_ = cmd.Process.Kill()
+		t.Fatal("no letter moved in 30 s")
+	}
+	if err := cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	<-scanned
+	err = cmd.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 130 {
+		t.Fatalf("exit %v, want 130 (SIGINT); stderr:\n%s", err, errText.String())
+	}
+	text := errText.String()
+	i := strings.Index(text, "\nresume with:\n  ")
+	if i < 0 || !strings.Contains(text, "sluice: interrupted after moving") {
+		t.Fatalf("stderr:\n%s", text)
+	}
+	lines := strings.Split(text[i+1:], "\n")
+	resume := strings.TrimPrefix(lines[1], "  ")
+	if strings.Contains(text, redacted) || strings.Contains(text, s.secret) || strings.Contains(resume, "--password") {
+		t.Fatalf("the resume command holds the secret or a placeholder:\n%s", text)
+	}
+	if !strings.Contains(lines[2], "export NATS_PASSWORD=") {
+		t.Fatalf("no line says how to give the password back:\n%s", text)
+	}
+	t.Logf("printed:\n%s", strings.Join(lines[:3], "\n"))
+
+	sh := exec.Command("sh", "-c", resume)
+	sh.Env = append(os.Environ(), "NATS_PASSWORD="+s.secret)
+	out, err := sh.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "replayed ") {
+		t.Fatalf("the printed command, run as printed: %v\n%s", err, out)
+	}
+	ls, errOut, code := run(t, append([]string{"dlq", "ls"}, s.args...)...)
+	if code != 0 || !strings.HasPrefix(ls, "stream SLUICE_DLQ: 1 letters") { // the billing letter stays
+		t.Fatalf("after the resumed run: %d %q %q", code, ls, errOut)
+	}
+}
+
+// A Kafka SASL password given with -X is left out of the resume command,
+// and a line says which flag to add back; with it added, the command runs.
+func TestResumeCommandNamesTheKafkaPasswordFlag(t *testing.T) {
+	s := startSecureKafka(t, "PLAIN")
+	k := s.seed(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	errOut := &signalWriter{want: "1 moved", fn: cancel}
+	var out bytes.Buffer
+	args := []string{"dlq", "replay", "-b", strings.Join(s.cluster.Brokers, ","), "--topic", k.dlq, "--allow", k.orders,
+		"--rate", "2/s", "--progress", "1ms"}
+	for _, p := range s.props {
+		args = append(args, "-X", p)
+	}
+	code := execute(ctx, args, &out, errOut)
+	text := errOut.buf.String()
+	i := strings.Index(text, "\nresume with:\n  ")
+	if code != exitError || i < 0 {
+		t.Fatalf("exit %d, stderr %q", code, text)
+	}
+	lines := strings.Split(text[i+1:], "\n")
+	resume := strings.TrimPrefix(lines[1], "  ")
+	if strings.Contains(text, redacted) || strings.Contains(text, s.secret) || strings.Contains(resume, "sasl.password") {
+		t.Fatalf("stderr holds the secret or a placeholder:\n%s", text)
+	}
+	if !strings.Contains(lines[2], "-X sasl.password=... is not printed: add it back") {
+		t.Fatalf("no line names the flag to add back:\n%s", text)
+	}
+	fields := strings.Fields(strings.ReplaceAll(resume, "'", ""))[1:]
+	fields = append(fields, "-X", "sasl.password="+s.secret, "--rate", "inf")
+	o2, e2, code := run(t, fields...)
+	if code != 0 || !strings.HasPrefix(o2, "replayed ") {
+		t.Fatalf("resumed: %d %q %q", code, o2, e2)
+	}
+}
+
+// A replay that replays nothing exits 4, one that replays part 3, and
+// says so in one line; with --park '' the refused letters stay and the
+// exit is 4 too. A full replay exits 0.
+func TestReplayExitCodesSayWhatMoved(t *testing.T) {
+	f := newFixture(t)
+	out, errOut, code := run(t, "dlq", "replay", "--nats", f.url, "--to", "nowhere.captured", "--rate", "inf", "--park", "", "--filter", "route=orders")
+	if code != exitNothingReplayed || !strings.Contains(errOut, "sluice: replayed none of 4 letters: 4 left in place (held 4, malformed 0) (refused 4) (exit 4)") {
+		t.Fatalf("--park '': exit %d %q %q", code, out, errOut)
+	}
+	out, errOut, code = run(t, "dlq", "replay", "--nats", f.url, "--to", "nowhere.captured", "--rate", "inf", "--filter", "route=orders")
+	if code != exitNothingReplayed || !strings.Contains(errOut, "sluice: replayed none of 4 letters: 4 parked in "+natsadapter.DefaultParkStream+" (refused 4) (exit 4)") {
+		t.Fatalf("default --park: exit %d %q %q", code, out, errOut)
+	}
+	// The billing letter is left: replayed in full, exit 0.
+	out, errOut, code = run(t, "dlq", "replay", "--nats", f.url, "--allow", "billing.>", "--rate", "inf")
+	if code != exitOK || !strings.HasPrefix(out, "replayed 1, parked 0") || strings.Contains(errOut, "sluice:") {
+		t.Fatalf("full replay: exit %d %q %q", code, out, errOut)
+	}
+}
+
+// --dry-run without --allow or --to predicts the real run: both refuse to
+// start, with the same exit code, and the dry run lists no letters it
+// would park.
+func TestDryRunWithoutAllowPredictsTheRefusal(t *testing.T) {
+	f := newFixture(t)
+	dryOut, dryErr, dryCode := run(t, "dlq", "replay", "--nats", f.url, "--dry-run")
+	realOut, realErr, realCode := run(t, "dlq", "replay", "--nats", f.url)
+	if dryCode != exitUsage || realCode != exitUsage {
+		t.Fatalf("dry run exit %d, real run exit %d: want both %d", dryCode, realCode, exitUsage)
+	}
+	if !strings.Contains(dryErr, "dry run: a real run refuses to start: replay needs --allow PATTERN") ||
+		!strings.Contains(realErr, "replay needs --allow PATTERN") || dryOut != "" || realOut != "" {
+		t.Fatalf("dry run %q %q; real run %q %q", dryOut, dryErr, realOut, realErr)
+	}
+	if ls, _, _ := run(t, "dlq", "ls", "--nats", f.url); !strings.HasPrefix(ls, "stream SLUICE_DLQ: 5 letters") {
+		t.Fatalf("letters moved: %q", ls)
+	}
+}
