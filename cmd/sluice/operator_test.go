@@ -153,7 +153,7 @@ func TestResumeCommandNamesTheKafkaPasswordFlag(t *testing.T) {
 }
 
 // A replay that replays nothing exits 4, one that replays part 3, and
-// says so in one line; with --park ” the refused letters stay and the
+// says so in one line; with an empty --park the refused letters stay and the
 // exit is 4 too. A full replay exits 0.
 func TestReplayExitCodesSayWhatMoved(t *testing.T) {
 	f := newFixture(t)
