@@ -145,8 +145,21 @@ func (b *kafkaBackend) get(ctx context.Context, id string) (*dlq.Letter, string,
 	if err != nil {
 		return nil, "", err
 	}
+	// What the adapter carries in a header map for itself (the wire order
+	// of the headers, Sluice-Kafka-Header-Order) is not the letter's.
+	for k := range l.Headers {
+		if strings.HasPrefix(k, kafkaMetaPrefix) {
+			delete(l.Headers, k)
+		}
+	}
 	return l, b.topic + "/" + strings.Replace(id, "/", "@", 1), nil
 }
+
+// kafkaMetaPrefix starts the header names the Kafka adapter keeps in a
+// letter's header map for itself (kafkaadapter.HeaderOrder): never on the
+// wire, never shown.
+const kafkaMetaPrefix = "Sluice-Kafka-"
+
 
 func (b *kafkaBackend) target() dlq.Target {
 	if b.tgt == nil {

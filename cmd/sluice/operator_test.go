@@ -14,7 +14,10 @@ import (
 	"testing"
 	"time"
 
+	kafkaadapter "github.com/sluice-go/sluice/adapters/kafka"
+	"github.com/sluice-go/sluice/adapters/kafka/kafkatest"
 	natsadapter "github.com/sluice-go/sluice/adapters/nats"
+	"github.com/sluice-go/sluice/dlq"
 )
 
 // The tests in this file are where operators tripped (issue 29, part 4),
@@ -188,5 +191,42 @@ func TestDryRunWithoutAllowPredictsTheRefusal(t *testing.T) {
 	}
 	if ls, _, _ := run(t, "dlq", "ls", "--nats", f.url); !strings.HasPrefix(ls, "stream SLUICE_DLQ: 5 letters") {
 		t.Fatalf("letters moved: %q", ls)
+	}
+}
+
+// dlq show on Kafka lists the letter's own headers, not the adapter's
+// internal Sluice-Kafka-Header-Order (which it adds when a record's headers
+// are not sorted by key), in text and JSON.
+func TestKafkaShowHidesInternalHeaders(t *testing.T) {
+	c := kafkatest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	topic := kafkatest.UniqueName("dlq")
+	if err := c.CreateTopic(ctx, topic, 1); err != nil {
+		t.Fatal(err)
+	}
+	sink, err := kafkaadapter.NewDeadLetterSink(c.Kafka(), topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sink.Close()
+	l := &dlq.Letter{Value: []byte("v"), Route: "orders", Class: dlq.ClassPermanent, Err: "bad", Attempts: 1,
+		Headers: map[string][]string{"Z-Trace": {"t1"}, "A-Tenant": {"acme"}, kafkaadapter.HeaderOrder: {"Z-Trace", "A-Tenant"}},
+		Origin:  dlq.Origin{Topic: "orders", Partition: 0, Offset: 1}}
+	if err := sink.Write(ctx, l); err != nil {
+		t.Fatal(err)
+	}
+	k := []string{"--brokers", strings.Join(c.Brokers, ","), "--topic", topic}
+	for _, format := range []string{"table", "json"} {
+		out, errOut, code := run(t, append([]string{"dlq", "show", "0/0", "-o", format}, k...)...)
+		if code != 0 || !strings.Contains(out, "Z-Trace") || !strings.Contains(out, "A-Tenant") {
+			t.Fatalf("%s: %d %q %q", format, code, out, errOut)
+		}
+		if strings.Contains(out, "Sluice-Kafka-") {
+			t.Fatalf("%s shows an internal header:\n%s", format, out)
+		}
+		if format == "table" && !strings.Contains(out, "headers: 2\n") {
+			t.Fatalf("header count:\n%s", out)
+		}
 	}
 }
