@@ -184,11 +184,11 @@ func TestPurgeCommand(t *testing.T) {
 	if code != 1 || !strings.Contains(errOut, "2 letters in stream SLUICE_DLQ would be deleted; add --yes") {
 		t.Fatalf("without --yes: %d %q", code, errOut)
 	}
-	out, _, code := run(t, "dlq", "purge", "--nats", f.url, "--filter", "class=exhausted", "--yes")
+	out, _, code := run(t, "dlq", "purge", "--nats", f.url, "--filter", "class=exhausted", "--yes", "--upto", "end")
 	if code != 0 || out != "purged 2 letters from stream SLUICE_DLQ\n" {
 		t.Fatalf("filtered purge: %d %q", code, out)
 	}
-	out, _, code = run(t, "dlq", "purge", "--nats", f.url, "--yes")
+	out, _, code = run(t, "dlq", "purge", "--nats", f.url, "--yes", "--upto", "end")
 	if code != 0 || out != "purged 3 letters from stream SLUICE_DLQ\n" {
 		t.Fatalf("purge all: %d %q", code, out)
 	}

@@ -183,7 +183,7 @@ func TestKafkaSecuredClusters(t *testing.T) {
 			if out, errOut, code := cli("dlq", "replay", "--allow", k.orders, "--rate", "inf", "--max", "1"); code != 0 || !strings.HasPrefix(out, "replayed 1") {
 				t.Fatalf("replay: %d %q %q", code, out, errOut)
 			}
-			if out, errOut, code := cli("dlq", "purge", "--yes"); code != 0 || !strings.Contains(out, "purged 1 letters") {
+			if out, errOut, code := cli("dlq", "purge", "--yes", "--upto", "end"); code != 0 || !strings.Contains(out, "purged 1 letters") {
 				t.Fatalf("purge: %d %q %q", code, out, errOut)
 			}
 			if len(s.wrong) > 0 {

@@ -105,7 +105,7 @@ func TestKafkaPurgeAndErrors(t *testing.T) {
 	if code != exitUsage || !strings.Contains(errOut, "Kafka cannot delete single records") {
 		t.Fatalf("filtered purge: %d %q", code, errOut)
 	}
-	out, _, code := run(t, append([]string{"dlq", "purge", "--yes"}, k...)...)
+	out, _, code := run(t, append([]string{"dlq", "purge", "--yes", "--upto", "end"}, k...)...)
 	if code != 0 || topics.normalize(out) != "purged 3 letters from topic dlq-000000000000 (group sluice-replay)\n" {
 		t.Fatalf("purge: %d %q", code, out)
 	}

@@ -230,3 +230,36 @@ func TestKafkaShowHidesInternalHeaders(t *testing.T) {
 		}
 	}
 }
+
+// purge --yes without --upto deletes nothing: it says how many letters it
+// would delete and the --upto that bounds them, so letters written after
+// a count are never deleted by a purge that forgot the count's bound;
+// --upto end deletes what the stream held when the purge started.
+func TestPurgeYesNeedsTheCountsBound(t *testing.T) {
+	f := newFixture(t)
+	_, errOut, code := run(t, "dlq", "purge", "--nats", f.url)
+	if code != exitError || !strings.Contains(errOut, "add --yes --upto 5") {
+		t.Fatalf("count: %d %q", code, errOut)
+	}
+	seedMore(t, f, 2) // arrive after the count
+	out, errOut, code := run(t, "dlq", "purge", "--nats", f.url, "--yes")
+	if code != exitUsage || out != "" || !strings.Contains(errOut, "purge --yes needs --upto") ||
+		!strings.Contains(errOut, "holds 7 matching letters now (--upto 7 deletes exactly these)") {
+		t.Fatalf("--yes alone: %d %q %q", code, out, errOut)
+	}
+	if ls, _, _ := run(t, "dlq", "ls", "--nats", f.url); !strings.HasPrefix(ls, "stream SLUICE_DLQ: 7 letters") {
+		t.Fatalf("--yes alone deleted letters: %q", ls)
+	}
+	out, errOut, code = run(t, "dlq", "purge", "--nats", f.url, "--yes", "--upto", "5")
+	if code != 0 || out != "purged 5 letters from stream SLUICE_DLQ\n" {
+		t.Fatalf("--upto 5: %d %q %q", code, out, errOut)
+	}
+	out, errOut, code = run(t, "dlq", "purge", "--nats", f.url, "--yes", "--upto", "end")
+	if code != 0 || out != "purged 2 letters from stream SLUICE_DLQ\n" {
+		t.Fatalf("--upto end: %d %q %q", code, out, errOut)
+	}
+	out, errOut, code = run(t, "dlq", "purge", "--nats", f.url, "--yes", "--upto", "end")
+	if code != 0 || out != "purged 0 letters from stream SLUICE_DLQ\n" {
+		t.Fatalf("--upto end on an empty stream: %d %q %q", code, out, errOut)
+	}
+}

@@ -25,7 +25,7 @@ func newPurgeCmd(cf *connFlags, o *outputFlag, out io.Writer) *cobra.Command {
 	var uptoFlag string
 	cmd := &cobra.Command{
 		Use:   "purge",
-		Short: "Delete dead letters (all, or those matching --filter); needs --yes",
+		Short: "Delete dead letters (all, or those matching --filter); needs --yes --upto",
 		Long: `Purge deletes dead letters: all of them, or those matching --filter.
 
 It reads the letters first and deletes only what it read: on NATS only
@@ -35,7 +35,9 @@ delete single records; the topic keeps them for other groups).
 
 Without --yes it only counts and prints the --upto that deletes exactly those
 letters later (NATS: the last stream sequence; Kafka: partition@offset of the
-last record read in each partition). Purge refuses a stream or topic that is not a sluice dead-letter
+last record read in each partition). --yes needs --upto, so what goes is what
+a count showed, never letters written since; --upto end deletes what the store
+holds when the purge starts. Purge refuses a stream or topic that is not a sluice dead-letter
 store (a stream without the sluice.store mark that holds messages that are not
 dead letters), and on Kafka a group with active members.`,
 		Example: `  sluice dlq purge --nats-store /tmp/qs --filter class=oversize
@@ -64,6 +66,18 @@ dead letters), and on Kafka a group with active members.`,
 			}
 			if isKafka {
 				if err := kb.checkReplayGroup(ctx); err != nil {
+					return err
+				}
+			}
+			if uptoFlag == "end" {
+				// What the store holds now: letters written while the
+				// purge reads stay.
+				upto, kupto, err = storeEnd(ctx, b)
+				if errors.Is(err, errEmptyAtStart) {
+					fmt.Fprintf(out, "purged 0 letters from %s\n", b.describe())
+					return nil
+				}
+				if err != nil {
 					return err
 				}
 			}
@@ -109,20 +123,30 @@ dead letters), and on Kafka a group with active members.`,
 			if err := checkStore(ctx, b, total, malformed); err != nil {
 				return err
 			}
+			bound := ""
+			switch {
+			case len(matched) == 0:
+			case isKafka:
+				var parts []string
+				for _, p := range slices.Sorted(maps.Keys(lastOff)) {
+					parts = append(parts, fmt.Sprintf("%d@%d", p, lastOff[p]))
+				}
+				bound = strings.Join(parts, ",")
+			default:
+				bound = strconv.FormatUint(last, 10)
+			}
 			if !yes {
 				hint := ""
-				switch {
-				case len(matched) == 0:
-				case isKafka:
-					var parts []string
-					for _, p := range slices.Sorted(maps.Keys(lastOff)) {
-						parts = append(parts, fmt.Sprintf("%d@%d", p, lastOff[p]))
-					}
-					hint = " --upto " + strings.Join(parts, ",")
-				default:
-					hint = fmt.Sprintf(" --upto %d", last)
+				if bound != "" {
+					hint = " --upto " + bound
 				}
 				return fmt.Errorf("%d letters in %s would be deleted; add --yes%s to purge them", len(matched), b.describe(), hint)
+			}
+			if uptoFlag == "" && len(matched) > 0 {
+				// --yes alone would delete what this run reads, not what an
+				// earlier count showed: letters written since would go too.
+				return usageError{fmt.Errorf("purge --yes needs --upto, the bound a count (purge without --yes) printed, so that letters written since stay: "+
+					"%s holds %d matching letters now (--upto %s deletes exactly these); --upto end deletes what it holds when the purge starts", b.describe(), len(matched), bound)}
 			}
 			n := 0
 			switch {
@@ -157,14 +181,14 @@ dead letters), and on Kafka a group with active members.`,
 	}
 	addFilterFlag(cmd.Flags(), &terms)
 	cmd.Flags().BoolVar(&yes, "yes", false, "really delete")
-	cmd.Flags().StringVar(&uptoFlag, "upto", "", "delete only up to what an earlier purge without --yes counted: a stream `SEQ` (NATS) or PART@OFFSET,... (Kafka)")
+	cmd.Flags().StringVar(&uptoFlag, "upto", "", "delete only up to what an earlier purge without --yes counted: a stream `SEQ` (NATS) or PART@OFFSET,... (Kafka); \"end\": what the store holds when the purge starts. --yes needs it")
 	return cmd
 }
 
 // parseUpto reads --upto: a stream sequence on NATS, partition@offset
-// pairs on Kafka.
+// pairs on Kafka ("end" is resolved by storeEnd).
 func parseUpto(v string, isKafka bool) (uint64, map[int]int64, error) {
-	if v == "" {
+	if v == "" || v == "end" {
 		return 0, nil, nil
 	}
 	if !isKafka {
@@ -185,6 +209,56 @@ func parseUpto(v string, isKafka bool) (uint64, map[int]int64, error) {
 		out[p] = o
 	}
 	return 0, out, nil
+}
+
+// errEmptyAtStart: --upto end on a stream that held nothing.
+var errEmptyAtStart = errors.New("the stream holds no letters")
+
+// storeEnd is --upto end: the last stream sequence (NATS) or the last
+// offset of each partition (Kafka) the store holds now. An empty store
+// bounds at nothing.
+func storeEnd(ctx context.Context, b backend) (uint64, map[int]int64, error) {
+	switch b := b.(type) {
+	case *natsBackend:
+		st, err := b.js.Stream(ctx, b.stream)
+		if err != nil {
+			return 0, nil, err
+		}
+		info, err := st.Info(ctx)
+		if err != nil {
+			return 0, nil, err
+		}
+		if info.State.LastSeq == 0 {
+			return 0, nil, errEmptyAtStart
+		}
+		return info.State.LastSeq, nil, nil
+	case *kafkaBackend:
+		md, err := b.client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{b.topic}})
+		if err != nil {
+			return 0, nil, err
+		}
+		var reqs []kafka.OffsetRequest
+		for _, t := range md.Topics {
+			if t.Name == b.topic {
+				for _, p := range t.Partitions {
+					reqs = append(reqs, kafka.LastOffsetOf(p.ID))
+				}
+			}
+		}
+		lo, err := b.client.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{b.topic: reqs}})
+		if err != nil {
+			return 0, nil, err
+		}
+		out := map[int]int64{}
+		for _, po := range lo.Topics[b.topic] {
+			if po.Error != nil {
+				return 0, nil, fmt.Errorf("--upto end: partition %d: %w", po.Partition, po.Error)
+			}
+			out[po.Partition] = po.LastOffset - 1 // the next offset, less one
+		}
+		return 0, out, nil
+	}
+	return 0, nil, fmt.Errorf("--upto end: unknown store")
 }
 
 // kafkaPos reads partition and offset of a Kafka position ("topic/0@17").

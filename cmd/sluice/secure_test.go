@@ -296,7 +296,7 @@ func TestNATSSecuredClusters(t *testing.T) {
 			if out, errOut, code := cli("dlq", "replay", "--allow", "orders.>", "--rate", "inf", "--filter", "route=orders"); code != 0 || !strings.HasPrefix(out, "replayed 4") {
 				t.Fatalf("replay: %d %q %q", code, out, errOut)
 			}
-			if out, errOut, code := cli("dlq", "purge", "--yes"); code != 0 || out != "purged 1 letters from stream SLUICE_DLQ\n" {
+			if out, errOut, code := cli("dlq", "purge", "--yes", "--upto", "end"); code != 0 || out != "purged 1 letters from stream SLUICE_DLQ\n" {
 				t.Fatalf("purge: %d %q %q", code, out, errOut)
 			}
 			_, errOut, code := run(t, append([]string{"dlq", "ls"}, s.wrong...)...)
