@@ -3,6 +3,7 @@ package main
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -54,7 +55,7 @@ func connectKafka(ctx context.Context, f *connFlags) (backend, error) {
 	md, err := b.client.Metadata(cctx, &kafka.MetadataRequest{Topics: []string{f.topic}})
 	if err != nil {
 		tr.CloseIdleConnections()
-		return nil, kafkaConnectError(brokers, cl.SASL != nil, err)
+		return nil, kafkaConnectError(ctx, cl, f.timeout, err)
 	}
 	for _, t := range md.Topics {
 		if t.Name == f.topic && t.Error == nil && len(t.Partitions) > 0 {
@@ -69,21 +70,65 @@ func connectKafka(ctx context.Context, f *connFlags) (backend, error) {
 	return nil, fmt.Errorf("topic %q %w on %s (--topic names the dead-letter topic)", f.topic, errNoStream, brokers)
 }
 
-// kafkaConnectError says why Kafka could not be reached in one line.
-func kafkaConnectError(brokers string, withSASL bool, err error) error {
+// kafkaConnectError says why Kafka could not be reached in one line, and
+// names the likely mismatch between security.protocol and the listener
+// when the broker closed the connection or never answered.
+func kafkaConnectError(ctx context.Context, cl *kafkaadapter.Cluster, timeout time.Duration, err error) error {
+	brokers := strings.Join(cl.Brokers, ",")
+	withSASL, withTLS := cl.SASL != nil, cl.TLS != nil
 	msg := err.Error()
+	closed := errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET)
 	switch {
 	case errors.Is(err, kafka.SASLAuthenticationFailed) || strings.Contains(msg, "SASL Authentication Failed"):
 		return fmt.Errorf("cannot connect to Kafka at %s: the broker refused the credentials (SASL authentication failed): check sasl.mechanism, sasl.username and sasl.password", brokers)
-	case withSASL && (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET)):
+	case closed && !withTLS && speaksTLS(ctx, cl.Brokers, timeout):
+		// A TLS listener drops what is not a TLS handshake.
+		want := "SSL"
+		if withSASL {
+			want = "SASL_SSL"
+		}
+		return fmt.Errorf("cannot connect to Kafka at %s: the listener speaks TLS and closed the plaintext connection: set security.protocol=%s (and ssl.ca.location)", brokers, want)
+	case closed && !withSASL:
+		// A SASL listener drops a client that sends requests before it
+		// authenticates.
+		want := "SASL_PLAINTEXT"
+		if withTLS {
+			want = "SASL_SSL"
+		}
+		return fmt.Errorf("cannot connect to Kafka at %s: the broker closed the connection before answering, as a SASL listener does to a client that does not authenticate: set security.protocol=%s with sasl.mechanism, sasl.username and sasl.password", brokers, want)
+	case closed:
 		// Some brokers refuse credentials by closing the connection.
 		return fmt.Errorf("cannot connect to Kafka at %s: the broker closed the connection during SASL authentication: it refused the credentials or the mechanism (check sasl.mechanism, sasl.username and sasl.password)", brokers)
 	case strings.Contains(msg, "x509:") || strings.Contains(msg, "tls:") || strings.Contains(msg, "first record does not look like a TLS handshake"):
 		return fmt.Errorf("cannot connect to Kafka at %s: TLS: %s (check security.protocol and ssl.ca.location)", brokers, firstLine(msg))
+	case errors.Is(err, context.DeadlineExceeded) && withTLS:
+		return fmt.Errorf("cannot reach Kafka at %s: no answer within --timeout (a listener without TLS spoken to in TLS stays silent: check security.protocol, PLAINTEXT or SASL_PLAINTEXT for such a listener)", brokers)
 	case errors.Is(err, context.DeadlineExceeded):
 		return fmt.Errorf("cannot reach Kafka at %s: no answer within --timeout (a TLS or SASL listener spoken to in plaintext stays silent: check security.protocol)", brokers)
 	}
 	return fmt.Errorf("cannot reach Kafka at %s: %s", brokers, firstLine(msg))
+}
+
+// speaksTLS reports whether the first of brokers answers a TLS handshake
+// (its certificate is not checked: this only tells a TLS listener from a
+// plaintext one, to name the mismatch).
+func speaksTLS(ctx context.Context, brokers []string, timeout time.Duration) bool {
+	if len(brokers) == 0 {
+		return false
+	}
+	// A plaintext listener stays silent: bound the wait (1 s at most).
+	ctx, cancel := context.WithTimeout(ctx, min(cmp.Or(timeout, time.Second), time.Second))
+	defer cancel()
+	// Nothing is sent over it: the certificate does not matter here.
+	d := &tls.Dialer{Config: &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12}}
+	conn, err := d.DialContext(ctx, "tcp", brokers[0])
+	if err == nil {
+		conn.Close()
+		return true
+	}
+	// A TLS server that refused the handshake still answered in TLS.
+	var alert tls.AlertError
+	return errors.As(err, &alert)
 }
 
 func firstLine(s string) string {

@@ -263,3 +263,41 @@ func TestPurgeYesNeedsTheCountsBound(t *testing.T) {
 		t.Fatalf("--upto end on an empty stream: %d %q %q", code, out, errOut)
 	}
 }
+
+// A security.protocol that does not match the listener is named as the
+// likely cause, as the silent-listener case is: plaintext to a SASL
+// listener (the broker closes the connection: the issue saw "Metadata:
+// unexpected EOF"), SASL or plaintext to a TLS listener (it saw "refused the
+// credentials").
+func TestKafkaProtocolMismatchNamed(t *testing.T) {
+	saslK := startSecureKafka(t, "PLAIN")
+	ks := saslK.seed(t)
+	tlsK := startSecureKafka(t, "")
+	kt := tlsK.seed(t)
+	sasl := []string{"-X", "security.protocol=SASL_PLAINTEXT", "-X", "sasl.mechanism=PLAIN", "-X", "sasl.username=sluice", "-X", "sasl.password=sluice-secret-pw"}
+	for _, tc := range []struct {
+		name    string
+		brokers []string
+		topic   string
+		props   []string
+		want    string
+	}{
+		{"plaintext to SASL", saslK.cluster.Brokers, ks.dlq, nil,
+			"as a SASL listener does to a client that does not authenticate: set security.protocol=SASL_PLAINTEXT with sasl.mechanism"},
+		{"SASL to TLS", tlsK.cluster.Brokers, kt.dlq, sasl,
+			"the listener speaks TLS and closed the plaintext connection: set security.protocol=SASL_SSL"},
+		{"plaintext to TLS", tlsK.cluster.Brokers, kt.dlq, nil,
+			"the listener speaks TLS and closed the plaintext connection: set security.protocol=SSL"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"dlq", "ls", "-b", strings.Join(tc.brokers, ","), "--topic", tc.topic, "--timeout", "5s"}, tc.props...)
+			_, errOut, code := run(t, args...)
+			if code != exitError || strings.Count(errOut, "\n") != 1 || !strings.Contains(errOut, tc.want) {
+				t.Fatalf("exit %d, stderr %q; want one line with %q", code, errOut, tc.want)
+			}
+			if strings.Contains(errOut, "refused the credentials") || strings.Contains(errOut, "unexpected EOF") {
+				t.Fatalf("the wrong cause: %q", errOut)
+			}
+		})
+	}
+}
