@@ -205,7 +205,6 @@ func (b *kafkaBackend) get(ctx context.Context, id string) (*dlq.Letter, string,
 // wire, never shown.
 const kafkaMetaPrefix = "Sluice-Kafka-"
 
-
 func (b *kafkaBackend) target() dlq.Target {
 	if b.tgt == nil {
 		b.tgt, _ = kafkaadapter.NewReplayTarget(b.cluster, kafkaadapter.ReplayTargetOptions{}) // brokers are non-empty here
