@@ -233,7 +233,8 @@ func TestReplayHelpDocumentsFlags(t *testing.T) {
 		t.Fatalf("exit %d", code)
 	}
 	for _, want := range []string{"--rate rate", "--jitter duration", "--filter key=value", "--dry-run", "--max int",
-		"--max-replays int", "--park string", "--deadline duration", "removed from the dead-letter queue only after", "--nats-store DIR"} {
+		"--max-replays int", "--park string", "--deadline duration", "removed from the dead-letter queue only after", "--nats-store DIR",
+		"Exit status: 0 when every selected letter was replayed", "4 when none was\nreplayed"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("help lacks %q", want)
 		}

@@ -301,3 +301,22 @@ func TestKafkaProtocolMismatchNamed(t *testing.T) {
 		})
 	}
 }
+
+// SIGTERM ends a command with 143, as SIGINT with 130 (the process test
+// above): 128 + the signal's number, whatever the command was doing.
+func TestSignalExitCodes(t *testing.T) {
+	f := newFixture(t)
+	for _, tc := range []struct {
+		sig  syscall.Signal
+		code int
+	}{{syscall.SIGINT, 130}, {syscall.SIGTERM, 143}} {
+		ctx, cancel := context.WithCancelCause(context.Background())
+		errOut := &signalWriter{want: "1 moved", fn: func() { cancel(signalError{tc.sig}) }}
+		var out bytes.Buffer
+		code := execute(ctx, []string{"dlq", "replay", "--nats", f.url, "--allow", "orders.>", "--rate", "2/s", "--progress", "1ms"}, &out, errOut)
+		cancel(nil)
+		if code != tc.code || !strings.Contains(errOut.buf.String(), "sluice: interrupted after moving") {
+			t.Fatalf("%v: exit %d, want %d; stderr %q", tc.sig, code, tc.code, errOut.buf.String())
+		}
+	}
+}

@@ -63,7 +63,12 @@ sets a fresh one (a duration from the republish), drops it (default: a consumer'
 max-age then counts from the republish) or keeps it.
 
 Progress (count, rate, parked and refused, ETA) goes to stderr: one line kept
-up to date on a terminal, a plain line every --progress otherwise.`,
+up to date on a terminal, a plain line every --progress otherwise.
+
+Exit status: 0 when every selected letter was replayed (or there was none), 3
+when some were replayed and others parked or left in place, 4 when none was
+replayed, 2 without --allow or --to, 1 when the replay failed, 130 on Ctrl-C
+(143 on SIGTERM). --dry-run exits as the real run would.`,
 		Example: `  sluice dlq replay --nats-store /tmp/qs --allow 'orders.>' --dry-run
   sluice dlq replay --server nats://127.0.0.1:4222 --allow 'orders.>' --rate 200/s --filter class=permanent --filter since=1h
   sluice dlq replay --rate 50/s --jitter 2s --max 1000 --deadline 5m --to orders.retry
