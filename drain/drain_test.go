@@ -142,3 +142,40 @@ func TestFetchCancelledReturnsBatch(t *testing.T) {
 		}
 	})
 }
+
+// readyInner reports a fixed readiness through SourceInfo.Ready.
+type readyInner struct{ *sluicetest.Source }
+
+var errNotBound = errors.New("consumer not bound")
+
+func (s readyInner) Attach(l consumer.RouteLimits) (consumer.SourceInfo, error) {
+	info, err := s.Source.Attach(l)
+	info.Ready = func() error { return errNotBound }
+	return info, err
+}
+
+// A drain forwards the wrapped Source's SourceInfo whole, so a route on a
+// drain reports its broker's readiness (Consumer.Health).
+func TestAttachForwardsReady(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s, err := New(readyInner{sluicetest.NewSource()}, Options{Rate: 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := consumer.New(consumer.Options{}, consumer.Route{Name: "r", Source: s,
+			Handler: func(context.Context, *consumer.Message) error { return nil }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- c.Run(ctx) }()
+		synctest.Wait()
+		rh := c.Health().Routes[0]
+		cancel()
+		<-done
+		if rh.State != consumer.StateNotReady || rh.Reason != "source not ready: consumer not bound" {
+			t.Fatalf("health %+v", rh)
+		}
+	})
+}
