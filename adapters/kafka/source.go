@@ -168,7 +168,9 @@ func NewSource(cfg Config) (*Source, error) {
 
 // Attach implements consumer.Source: the Source sizes its prefetch from the
 // route's window and joins the group (Ready reports when it has its first
-// assignment). A Source serves one route.
+// assignment). A Source serves one route. Its SourceInfo.Ready reports
+// whether it is a member of a formed group with a current generation
+// (Consumer.Health: not ready while joining or rebalancing).
 func (s *Source) Attach(l consumer.RouteLimits) (consumer.SourceInfo, error) {
 	info, err := s.feed.attach(l, func() { go s.run() })
 	if err == nil {

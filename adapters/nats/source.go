@@ -360,7 +360,8 @@ func (s *Source) info() *jetstream.ConsumerInfo { return s.Consumer().CachedInfo
 // delayed naks (set on the server by the first Fetch). It refuses a
 // consumer whose MaxAckPending you set below the window (the server would
 // stall the route under it), and reports the consumer's AckWait and
-// MaxDeliver.
+// MaxDeliver, and its readiness (SourceInfo.Ready: the connection is up
+// and the last pull was not refused).
 func (s *Source) Attach(l consumer.RouteLimits) (consumer.SourceInfo, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

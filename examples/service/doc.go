@@ -12,9 +12,14 @@
 //
 // Without $NATS_URL it starts an embedded NATS server of its own (then the
 // instance is alone). It serves Prometheus metrics on $METRICS_ADDR
-// (default 127.0.0.1:0; the address is printed), runs until SIGINT or
-// SIGTERM (or -run D), then shuts down gracefully and prints a table per
-// route.
+// (default 127.0.0.1:0; the address is printed), and there too the health
+// a platform probes (package health): /healthz, 503 once a route has been
+// stuck or failed for -liveness-grace, and /readyz, 503 while a route is
+// not ready (-stuck-after sets when a route counts as stuck). With
+// -healthcheck it only probes a running instance's /healthz on
+// $METRICS_ADDR and exits 0 or 1 (the compose file's healthcheck). It runs
+// until SIGINT or SIGTERM (or -run D), then shuts down gracefully and
+// prints a table per route.
 //
 // The routes: orders (critical, 8 workers, a poison order in 200 goes to
 // the dead-letter stream, 1% fail once and are retried), reports
