@@ -60,6 +60,10 @@ type config struct {
 	// beforeOrder, when set, runs before each order is handled (tests: a
 	// handler that hangs).
 	beforeOrder func(ctx context.Context)
+	// until, when set, ends the run as soon as it holds for the routes'
+	// stats (tests: run until the work they check is done, with runFor as
+	// the bound, not for a fixed time a busy machine may spend elsewhere).
+	until func([]consumer.RouteStats) bool
 }
 
 func main() {
@@ -281,8 +285,27 @@ func run(ctx context.Context, out io.Writer, cfg config) error {
 		}
 	}
 
+	runCtx, stopRun := context.WithCancel(ctx)
+	defer stopRun()
+	if cfg.until != nil {
+		go func() {
+			t := time.NewTicker(50 * time.Millisecond)
+			defer t.Stop()
+			for {
+				select {
+				case <-runCtx.Done():
+					return
+				case <-t.C:
+					if cfg.until(c.Stats()) {
+						stopRun()
+						return
+					}
+				}
+			}
+		}()
+	}
 	start := time.Now()
-	err = c.Run(ctx)
+	err = c.Run(runCtx)
 	stopProducing()
 	for range nProducers {
 		if perr := <-prodErr; perr != nil {
