@@ -89,6 +89,8 @@ func (s *Source) convert(m *nats.Msg, md ackMeta, hasMeta bool) *consumer.Messag
 	return cm
 }
 
+func (d *delivery) generation() uint32 { return d.gen }
+
 // settle hands one settlement of d to the Source's settler. d.settled
 // receives the outcome exactly once.
 func (d *delivery) settle(ctx context.Context, k settleKind, delay time.Duration, reason string) {

@@ -1,10 +1,12 @@
 package natsadapter
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -72,14 +74,88 @@ type pendingSettle struct {
 	plain bool
 
 	// Guarded by settler.mu once queued.
-	id      uint64 // reply token, 0 when not confirmed
+	id      uint64 // the settlement's key in settler.pending, 0 when not confirmed
 	ctx     context.Context
 	sentAt  time.Time
 	conns   uint64 // the connection's reconnect count when last sent
 	sendSeq uint64 // the writer's send order when last sent
 	resends int
+	// sends are the sends that asked for an answer, oldest first: each
+	// carries its own reply subject (<inbox>.<id>.<send>), so an answer
+	// names the send it answers and covers only what was sent before that
+	// send, on that send's connection.
+	sends  [maxSends]sendMark
+	nsends int
 	// d is told the outcome exactly once (d.settled), outside settler.mu.
-	d *delivery
+	d settleDone
+}
+
+// maxSends bounds pendingSettle.sends: the first send and its re-sends.
+const maxSends = 4
+
+// sendMark is one send of a settlement that asked for an answer.
+type sendMark struct {
+	seq   uint64 // settler.sendSeq of the send
+	conns uint64 // the connection's reconnect count when sent
+}
+
+// settleDone is told the outcome of a settlement (a *delivery; the
+// simulation's own messages in tests).
+type settleDone interface {
+	settled(err error)
+	// generation is the consumer generation the message was delivered by.
+	generation() uint32
+}
+
+// settleConn is what the settler uses of the connection. natsConn is the
+// real one; the simulation (settle_sim_test.go) supplies a simulated
+// connection and server, so it drives the writer without a network.
+type settleConn interface {
+	Publish(subj string, data []byte) error
+	PublishRequest(subj, reply string, data []byte) error
+	NewInbox() string
+	IsConnected() bool
+	// reconnects counts the connection's reconnects: it changes before
+	// anything written after a reconnect reaches the server.
+	reconnects() uint64
+	// subscribe delivers the messages on subj to cb, in order.
+	subscribe(subj string, cb nats.MsgHandler) (unsubscribe func() error, err error)
+}
+
+// settleClock is the settler's time: the wall clock, or the simulation's.
+type settleClock struct {
+	now       func() time.Time
+	afterFunc func(time.Duration, func()) settleTimer
+	// spawn starts the writer goroutine.
+	spawn func(func())
+}
+
+// settleTimer is the part of *time.Timer the sweep uses.
+type settleTimer interface {
+	Reset(time.Duration) bool
+	Stop() bool
+}
+
+var wallClock = settleClock{
+	now:       time.Now,
+	afterFunc: func(d time.Duration, f func()) settleTimer { return time.AfterFunc(d, f) },
+	spawn:     func(f func()) { go f() },
+}
+
+type natsConn struct{ *nats.Conn }
+
+func (c natsConn) reconnects() uint64 { return c.Stats().Reconnects }
+
+func (c natsConn) subscribe(subj string, cb nats.MsgHandler) (func() error, error) {
+	sub, err := c.Subscribe(subj, cb)
+	if err != nil {
+		return nil, err
+	}
+	// The server answers every settlement it gets; the window bounds how
+	// many are outstanding, so the client's default limits never bind,
+	// but a slow consumer must not drop replies silently: no limit.
+	_ = sub.SetPendingLimits(-1, -1)
+	return sub.Unsubscribe, nil
 }
 
 // settler writes the settlements of one Source. Workers hand it their
@@ -111,9 +187,16 @@ type pendingSettle struct {
 // answered (right after a (re)connect the server may not have loaded the
 // consumer yet, and it drops plain acks to an unloaded consumer silently),
 // and an answer covers earlier settlements only when no reconnect happened
-// since they were sent. Naks always ask for their own answer.
+// since they were sent. Naks always ask for their own answer. Every send
+// that asks for an answer has its own reply subject (<inbox>.<id>.<send>):
+// a late answer to the first send of a settlement that was re-sent since
+// confirms that settlement and covers only what went before that first
+// send on its connection, never what was sent after it. A send answered
+// with an error (503: the consumer is not loaded yet) is covered by no
+// later answer: it is re-sent or completes with the error.
 type settler struct {
-	nc      *nats.Conn
+	nc      settleConn
+	clock   settleClock
 	timeout time.Duration
 	resends int
 	// batch: ConfirmBatch (see above).
@@ -127,10 +210,10 @@ type settler struct {
 	writing bool
 	closed  bool
 	inbox   string
-	sub     *nats.Subscription
+	unsub   func() error // the reply subscription's; nil until made
 	nextID  uint64
 	pending map[uint64]*pendingSettle
-	sweep   *time.Timer
+	sweep   settleTimer
 	// sweeping is true while a sweep is scheduled or running.
 	sweeping bool
 	// sendSeq numbers sends in the order the writer makes them.
@@ -154,8 +237,8 @@ type sentRef struct {
 	seq uint64
 }
 
-func newSettler(nc *nats.Conn, timeout time.Duration, batch bool) *settler {
-	return &settler{nc: nc, timeout: timeout, resends: 2, batch: batch, pending: map[uint64]*pendingSettle{}}
+func newSettler(nc settleConn, clock settleClock, timeout time.Duration, batch bool) *settler {
+	return &settler{nc: nc, clock: clock, timeout: timeout, resends: 2, batch: batch, pending: map[uint64]*pendingSettle{}}
 }
 
 // sweepEvery is how often outstanding confirmations are checked for a
@@ -174,7 +257,7 @@ func (s *settler) settle(ctx context.Context, p *pendingSettle) {
 		return
 	}
 	if p.confirm {
-		if s.sub == nil {
+		if s.unsub == nil {
 			if err := s.subscribeLocked(); err != nil {
 				s.mu.Unlock()
 				p.d.settled(err)
@@ -188,7 +271,7 @@ func (s *settler) settle(ctx context.Context, p *pendingSettle) {
 		if !s.sweeping {
 			s.sweeping = true
 			if s.sweep == nil {
-				s.sweep = time.AfterFunc(s.sweepEvery(), s.doSweep)
+				s.sweep = s.clock.afterFunc(s.sweepEvery(), s.doSweep)
 			} else {
 				s.sweep.Reset(s.sweepEvery())
 			}
@@ -201,7 +284,7 @@ func (s *settler) settle(ctx context.Context, p *pendingSettle) {
 	}
 	s.writing = true
 	s.mu.Unlock()
-	go s.write()
+	s.clock.spawn(s.write)
 }
 
 // write publishes what is queued until the queue is empty. It first yields
@@ -220,10 +303,10 @@ func (s *settler) write() {
 		s.queue, s.spare = s.spare[:0], q
 		// Mark the batch sent now, under the one lock: an answer may come
 		// back before the writer is done with the batch.
-		now := time.Now()
+		now := s.clock.now()
 		var conns uint64
 		if len(s.pending) > 0 {
-			conns = s.reconnects()
+			conns = s.nc.reconnects()
 		}
 		// The last Ack or Term of the batch asks for the answer that
 		// confirms the plain ones before it.
@@ -242,6 +325,14 @@ func (s *settler) write() {
 				s.sendSeq++
 				p.sentAt, p.conns, p.sendSeq = now, conns, s.sendSeq
 				p.plain = plain && i < last && p.kind != kindNak
+				if !p.plain {
+					if p.nsends == maxSends {
+						copy(p.sends[:], p.sends[1:])
+						p.nsends--
+					}
+					p.sends[p.nsends] = sendMark{seq: p.sendSeq, conns: conns}
+					p.nsends++
+				}
 				if s.batch {
 					s.sent = append(s.sent, sentRef{p, p.sendSeq})
 				}
@@ -262,8 +353,12 @@ func (s *settler) write() {
 			if p.plain {
 				err = s.nc.Publish(p.subj, p.body)
 			} else {
-				// One allocation for the reply subject: <inbox>.<id base 36>.
-				s.replyBuf = strconv.AppendUint(append(append(s.replyBuf[:0], inbox...), '.'), p.id, 36)
+				// One allocation for the reply subject:
+				// <inbox>.<id base 36>.<send base 36>. p.sendSeq is read
+				// without s.mu: only the writer changes it, and only
+				// when p is queued again, which is after this send.
+				b := strconv.AppendUint(append(append(s.replyBuf[:0], inbox...), '.'), p.id, 36)
+				s.replyBuf = strconv.AppendUint(append(b, '.'), p.sendSeq, 36)
 				err = s.nc.PublishRequest(p.subj, string(s.replyBuf), p.body)
 			}
 			if err != nil {
@@ -286,59 +381,101 @@ func (s *settler) publishErr(err error) error {
 	return fmt.Errorf("natsadapter: settle: %w", err)
 }
 
-func (s *settler) reconnects() uint64 { return s.nc.Stats().Reconnects }
-
 // subscribeLocked makes the reply subscription. s.mu is held.
 func (s *settler) subscribeLocked() error {
 	inbox := s.nc.NewInbox()
-	sub, err := s.nc.Subscribe(inbox+".*", s.reply)
+	unsub, err := s.nc.subscribe(inbox+".*.*", s.reply)
 	if err != nil {
 		return fmt.Errorf("natsadapter: ack reply subscription: %w", err)
 	}
-	// The server answers every settlement it gets; the window bounds how
-	// many are outstanding, so the client's default limits never bind,
-	// but a slow consumer must not drop replies silently: no limit.
-	_ = sub.SetPendingLimits(-1, -1)
-	s.inbox, s.sub = inbox, sub
+	s.inbox, s.unsub = inbox, unsub
 	return nil
 }
 
-// reply completes the settlement the server answered.
-func (s *settler) reply(m *nats.Msg) {
-	i := strings.LastIndexByte(m.Subject, '.')
+// parseReply reads the settlement key and the send of an answer's subject
+// (<inbox>.<id>.<send>, base 36).
+func parseReply(subj string) (id, send uint64, ok bool) {
+	i := strings.LastIndexByte(subj, '.')
 	if i < 0 {
-		return
+		return 0, 0, false
 	}
-	id, err := strconv.ParseUint(m.Subject[i+1:], 36, 64)
+	j := strings.LastIndexByte(subj[:i], '.')
+	if j < 0 {
+		return 0, 0, false
+	}
+	id, err := strconv.ParseUint(subj[j+1:i], 36, 64)
 	if err != nil {
+		return 0, 0, false
+	}
+	send, err = strconv.ParseUint(subj[i+1:], 36, 64)
+	if err != nil {
+		return 0, 0, false
+	}
+	return id, send, true
+}
+
+// sendOf returns the send of p with sequence seq. s.mu is held.
+func (p *pendingSettle) sendOf(seq uint64) (sendMark, bool) {
+	for _, m := range p.sends[:p.nsends] {
+		if m.seq == seq {
+			return m, true
+		}
+	}
+	return sendMark{}, false
+}
+
+// reply completes the settlement the server answered. The answer names the
+// send it answers: an answer to an earlier send of a settlement that was
+// re-sent since confirms the settlement (the server applied that send) and
+// covers only what went before that send on its connection, never what was
+// sent after it.
+func (s *settler) reply(m *nats.Msg) {
+	id, seq, ok := parseReply(m.Subject)
+	if !ok {
 		return
 	}
 	rerr := replyErr(m)
 	s.mu.Lock()
 	p, ok := s.pending[id]
-	if ok && rerr != nil && s.batch && !p.sentAt.IsZero() {
-		// The plain acks sent before p met the same fate: re-send them at
-		// the next sweep, each asking for its own answer.
-		s.expediteLocked(p)
+	var send sendMark
+	if ok {
+		send, ok = p.sendOf(seq)
 	}
-	if ok && rerr != nil && m.Header.Get("Status") == "503" && p.kind != kindNak && p.resends < s.resends && !p.sentAt.IsZero() {
+	if !ok {
+		s.mu.Unlock()
+		return // an answer to a settlement already completed, or to no send of it
+	}
+	latest := seq == p.sendSeq && !p.sentAt.IsZero()
+	if rerr != nil && s.batch {
+		// The plain acks sent before this send met the same fate: re-send
+		// them at the next sweep, each asking for its own answer.
+		s.expediteLocked(send)
+	}
+	if rerr != nil && seq == p.sendSeq {
+		// No answer covers a send that failed (p.sendSeq 0 matches no
+		// send in s.sent): a consumer loaded since answers the
+		// settlements sent after this one, not this one.
+		p.sendSeq = 0
+	}
+	if rerr != nil && !latest {
+		// An error to an earlier send: the settlement was sent again since
+		// (or is queued to be), and that send gets its own answer.
+		s.mu.Unlock()
+		return
+	}
+	if rerr != nil && m.Header.Get("Status") == "503" && p.kind != kindNak && p.resends < s.resends {
 		// No consumer took it: right after a server restart the consumer
 		// may not be loaded yet. Let the next sweep send it again.
-		p.sentAt = time.Now().Add(-s.timeout)
+		p.sentAt = s.clock.now().Add(-s.timeout)
 		s.mu.Unlock()
 		return
 	}
 	var covered []*pendingSettle
-	if ok {
-		delete(s.pending, id)
-		if s.batch && rerr == nil && p.kind != kindNak && !p.sentAt.IsZero() {
-			covered = s.coverLocked(p)
-		}
+	delete(s.pending, id)
+	if s.batch && rerr == nil && p.kind != kindNak {
+		covered = s.coverLocked(p, send)
 	}
 	s.mu.Unlock()
-	if !ok {
-		return // an answer to a re-sent settlement that was already completed
-	}
 	p.d.settled(rerr)
 	for _, q := range covered {
 		q.d.settled(nil)
@@ -361,39 +498,40 @@ func (s *settler) compactSentLocked() {
 	s.sent = s.sent[:n]
 }
 
-// expediteLocked handles an error answer to p (ConfirmBatch): the plain
+// expediteLocked handles an error answer to send (ConfirmBatch): the plain
 // settlements sent before it on its connection did not land either (the
 // consumer is gone, or not loaded yet), so they are marked for the next
 // sweep to re-send (or give up on, after their last re-send) instead of
 // waiting AckTimeout for an answer that will not come, and every
 // settlement asks for its own answer until one is answered. s.mu is held.
-func (s *settler) expediteLocked(p *pendingSettle) {
+func (s *settler) expediteLocked(send sendMark) {
 	s.answered = false
-	past := time.Now().Add(-s.timeout)
+	past := s.clock.now().Add(-s.timeout)
 	for _, r := range s.sent {
-		if r.seq >= p.sendSeq {
+		if r.seq >= send.seq {
 			break
 		}
 		q := r.p
-		if q.sendSeq == r.seq && q.plain && q.conns == p.conns && s.pending[q.id] == q {
+		if q.sendSeq == r.seq && q.plain && q.conns == send.conns && s.pending[q.id] == q {
 			q.sentAt = past
 		}
 	}
 }
 
 // coverLocked removes from pending and returns the settlements the answer
-// to p confirms: those sent before p on the same connection, when no
-// reconnect happened since (then they are re-sent instead). It also notes
-// that the consumer takes plain acks on this connection. s.mu is held.
-func (s *settler) coverLocked(p *pendingSettle) []*pendingSettle {
-	conns := s.reconnects()
-	if p.conns != conns {
+// to send (of p) confirms: those sent before that send on the same
+// connection, when no reconnect happened since (then they are re-sent
+// instead). It also notes that the consumer takes plain acks on this
+// connection. s.mu is held.
+func (s *settler) coverLocked(p *pendingSettle, send sendMark) []*pendingSettle {
+	conns := s.nc.reconnects()
+	if send.conns != conns {
 		return nil
 	}
 	s.answered, s.answeredConns = true, conns
 	var covered []*pendingSettle
 	n := 0
-	for n < len(s.sent) && s.sent[n].seq <= p.sendSeq {
+	for n < len(s.sent) && s.sent[n].seq <= send.seq {
 		r := s.sent[n]
 		s.sent[n] = sentRef{}
 		n++
@@ -428,7 +566,7 @@ func replyErr(m *nats.Msg) error {
 
 // doSweep re-sends or completes settlements whose reply has not come.
 func (s *settler) doSweep() {
-	now := time.Now()
+	now := s.clock.now()
 	var failed []*pendingSettle
 	var causes []error
 	s.mu.Lock()
@@ -437,9 +575,9 @@ func (s *settler) doSweep() {
 		s.mu.Unlock()
 		return
 	}
-	conns := s.reconnects()
+	conns := s.nc.reconnects()
 	connected := s.nc.IsConnected()
-	resend := false
+	var resend []*pendingSettle
 	for id, p := range s.pending {
 		if p.sentAt.IsZero() {
 			continue // still queued
@@ -464,11 +602,14 @@ func (s *settler) doSweep() {
 		}
 		p.resends++
 		p.sentAt = time.Time{}
-		s.queue = append(s.queue, p)
-		s.resent.Add(1)
-		resend = true
+		resend = append(resend, p)
 	}
-	startWriter := resend && !s.writing
+	// Re-send in the order first settled (the map's order is random, and
+	// the simulation replays a seed exactly).
+	slices.SortFunc(resend, func(a, b *pendingSettle) int { return cmp.Compare(a.id, b.id) })
+	s.queue = append(s.queue, resend...)
+	s.resent.Add(uint64(len(resend)))
+	startWriter := len(resend) > 0 && !s.writing
 	if startWriter {
 		s.writing = true
 	}
@@ -479,11 +620,16 @@ func (s *settler) doSweep() {
 	}
 	s.mu.Unlock()
 	if startWriter {
-		go s.write()
+		s.clock.spawn(s.write)
 	}
 	s.unconfirmed.Add(uint64(len(failed)))
-	for i, p := range failed {
-		p.d.settled(causes[i])
+	order := make([]int, len(failed))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int { return cmp.Compare(failed[a].id, failed[b].id) })
+	for _, i := range order {
+		failed[i].d.settled(causes[i])
 	}
 }
 
@@ -509,7 +655,7 @@ func (s *settler) failOlder(gen uint32) {
 	var failed []*pendingSettle
 	s.mu.Lock()
 	for id, p := range s.pending {
-		if p.d.gen < gen {
+		if p.d.generation() < gen {
 			delete(s.pending, id)
 			failed = append(failed, p)
 		}
@@ -537,18 +683,18 @@ func (s *settler) close() error {
 	if s.sweep != nil {
 		s.sweep.Stop()
 	}
-	sub := s.sub
-	s.sub = nil
+	unsub := s.unsub
+	s.unsub = nil
 	s.sent = nil
 	s.mu.Unlock()
 	s.unconfirmed.Add(uint64(len(failed)))
 	for _, p := range failed {
 		p.d.settled(fmt.Errorf("%w: source closed", ErrAckUnconfirmed))
 	}
-	if sub == nil {
+	if unsub == nil {
 		return nil
 	}
-	err := sub.Unsubscribe()
+	err := unsub()
 	if errors.Is(err, nats.ErrConnectionClosed) || errors.Is(err, nats.ErrBadSubscription) {
 		return nil
 	}

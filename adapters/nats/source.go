@@ -294,7 +294,7 @@ func NewSource(js jetstream.JetStream, cons jetstream.Consumer, opts SourceOptio
 		stream:   info.Stream,
 		name:     info.Name,
 		next:     prefix + "CONSUMER.MSG.NEXT." + info.Stream + "." + info.Name,
-		set:      newSettler(nc, opts.AckTimeout, opts.Confirm == ConfirmBatch),
+		set:      newSettler(natsConn{nc}, wallClock, opts.AckTimeout, opts.Confirm == ConfirmBatch),
 		infoAt:   time.Now(),
 		ackFloor: info.AckFloor.Stream,
 	}, nil
