@@ -139,6 +139,7 @@ func (s *DeadLetterSink) Write(ctx context.Context, l *dlq.Letter) error {
 		added += len(HeaderOriginalMsgID) + len(producerID) + 4
 	}
 	lim.MaxHeaderBytes -= added
+	lim.HeaderSize = storableHeaderSize(lim.MaxHeaderBytes)
 	if lim.MaxBytes > 0 {
 		lim.MaxBytes = max(lim.MaxBytes-added, 1)
 	}
@@ -156,6 +157,70 @@ func (s *DeadLetterSink) Write(ctx context.Context, l *dlq.Letter) error {
 		return fmt.Errorf("natsadapter: dead letter: %w", err)
 	}
 	return nil
+}
+
+// storableHeaderSize is the size of h as NATS encodes it (see
+// dlq.NATSHeaderSize), or more than maxHeader when NATS cannot store an
+// original header of h as it is: then dlq.Letter.Encode packs the original
+// headers into the stored value, and dlq.Decode (show, replay) restores
+// them byte for byte. Such headers come from Kafka records dead-lettered
+// into a NATS store: a name that is empty or holds a space, a colon, a
+// control byte or another character nats.go refuses (the publish fails, so
+// the letter could never be written), or a value NATS would change (a
+// CR or LF, which nats.go replaces, leading or trailing blanks, which it
+// trims, or another control byte).
+func storableHeaderSize(maxHeader int) func(h map[string][]string) int {
+	return func(h map[string][]string) int {
+		n := dlq.NATSHeaderSize(h)
+		for k, vs := range h {
+			if strings.HasPrefix(k, dlq.HeaderPrefix) {
+				continue // the envelope: names of sluice's, values bounded by dlq
+			}
+			if !validHeaderName(k) {
+				return n + maxHeader + 1
+			}
+			for _, v := range vs {
+				if !storableHeaderValue(v) {
+					return n + maxHeader + 1
+				}
+			}
+		}
+		return n
+	}
+}
+
+// validHeaderName reports whether nats.go publishes a header named k:
+// printable ASCII without space and without "()/,:;<=>?@[\]{} (ADR-4, as
+// nats.go checks it).
+func validHeaderName(k string) bool {
+	if k == "" {
+		return false
+	}
+	for i := 0; i < len(k); i++ {
+		c := k[i]
+		if c < 33 || c > 126 || strings.IndexByte(`"()/,:;<=>?@[\]{}`, c) >= 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// storableHeaderValue reports whether NATS stores and returns v unchanged:
+// no control byte (nats.go replaces CR and LF), no leading or trailing
+// blank (trimmed on write and on read).
+func storableHeaderValue(v string) bool {
+	if v == "" {
+		return true
+	}
+	if v[0] == ' ' || v[len(v)-1] == ' ' {
+		return false
+	}
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; c < 0x20 || c == 0x7f {
+			return false
+		}
+	}
+	return true
 }
 
 // DedupID is the Nats-Msg-Id of l's write: the same for every retry of one
