@@ -120,6 +120,11 @@ func (d *delivery) settled(err error) {
 	if err != nil && !d.p.confirm {
 		d.src.c.settleErrors.Add(1)
 	}
+	if r := d.src.rec; r != nil && err == nil && d.p.confirm && d.p.kind != kindNak {
+		if md := d.src.MaxDeliver(); md > 0 && d.msg.Attempt >= md {
+			r.remember(d.msg.Origin.Sequence)
+		}
+	}
 	if d.pending {
 		consumer.Confirm(&d.msg, err)
 	}

@@ -79,10 +79,42 @@
 // written to the DLQ stream and only then is the original terminated
 // (+TERM with the reason); long handlers are kept alive with InProgress at
 // a third of AckWait. The delivery attempt comes from the delivery's
-// metadata (NumDelivered), so it survives process restarts. Keep the
-// consumer's MaxDeliver unlimited (-1) or above the route's
-// Retry.MaxAttempts (Attach reports it; the route refuses more attempts
-// than the server will deliver).
+// metadata (NumDelivered), so it survives process restarts. The route
+// refuses Retry.MaxAttempts above the consumer's MaxDeliver (Attach
+// reports it); with a MaxDeliver, set SourceOptions.Recover (below).
+//
+// # Last deliveries
+//
+// JetStream never delivers a message again once it was delivered
+// MaxDeliver times. The route never naks a last delivery (it
+// dead-letters it instead), but a last delivery can still end unsettled:
+// the process stops while it holds one and cannot run or dead-letter it
+// in time (the dead-letter store is down), or the process is killed. The
+// server then gives up on the message when its AckWait passes and
+// publishes a MAX_DELIVERIES advisory
+// ($JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.<stream>.<consumer>) naming
+// its stream sequence. With SourceOptions.Recover set, the Source keeps
+// those advisories in a work-queue stream of its own
+// (RecoveryStream(stream, consumer), created by the first Fetch, file
+// storage), so an advisory that fires while no process runs is kept too,
+// and from its first Fetch until Close it reads them with a durable
+// (sluice-recover): for each, it reads the message from the stream by
+// sequence and writes its dead letter (class ClassMaxDeliveries, the
+// original payload and headers, origin stream, sequence and durable), and
+// only once the sink took it is the advisory acked; a refused write is
+// retried with backoff (up to a minute apart) until the sink answers. The
+// letter's Nats-Msg-Id is the route's own for that message (DedupID), so
+// a message recovered twice, or one the route had dead-lettered before
+// its Term was lost, is stored once within the store's duplicate window.
+// An advisory for a message whose Ack or Term of the last delivery this
+// Source saw confirmed (it arrived after the server gave up) is skipped
+// (SourceStats.RecoverySkipped); one for a message no longer in the stream
+// is dropped (RecoveryGone). What is not covered: a message acked by
+// another process after the server gave up on it gets a letter too (a
+// duplicate, never a loss), and advisories that fired before the first
+// Fetch of a Source with Recover ever created the stream were not kept.
+// The advisory only fires when the server next looks for messages to
+// deliver on the consumer, which a running route does all the time.
 //
 // # Message key
 //
@@ -126,5 +158,10 @@
 // letter's Nats-Msg-Id (DedupID) is the same for every retry of one
 // message's letter, so a write the stream stored but whose PubAck was lost
 // is not stored twice. The producer's own Nats-Msg-Id is kept in
-// Sluice-Dlq-Original-Msg-Id.
+// Sluice-Dlq-Original-Msg-Id. Original headers NATS cannot store as they
+// are (from a Kafka record: a name that is empty or holds a space, a
+// colon or a control byte; a value with a CR, LF or another control byte,
+// or leading or trailing blanks) are packed into the stored value
+// (dlq.HeaderPackedHeaders), and dlq.Decode (show, replay) restores them
+// byte for byte.
 package natsadapter

@@ -75,6 +75,11 @@ func (s *Source) Fetch(ctx context.Context, maxMessages int, maxBytes int64) ([]
 	if maxMessages <= 0 {
 		return nil, nil
 	}
+	if s.rec != nil && s.MaxDeliver() > 0 {
+		if err := s.rec.start(ctx); err != nil {
+			return nil, err
+		}
+	}
 	msgs, tooBig, err := s.pull(ctx, maxMessages, maxBytes)
 	if tooBig && len(msgs) == 0 && err == nil {
 		msgs, _, err = s.pull(ctx, 1, 0)

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluice-go/sluice/consumer"
+	"github.com/sluice-go/sluice/dlq"
 )
 
 // SourceOptions configure a Source. The zero value is usable.
@@ -36,6 +37,18 @@ type SourceOptions struct {
 	// unless the settlement landed after all). After a reconnect,
 	// outstanding settlements are re-sent at once. 0 means 5 s.
 	AckTimeout time.Duration
+	// Recover, when set and the consumer has a MaxDeliver, dead-letters
+	// into it the messages JetStream stops delivering because their last
+	// delivery was never settled: the process stopped or was killed while
+	// it held one, or its dead-letter write failed until the shutdown. The
+	// Source keeps the consumer's MAX_DELIVERIES advisories in a stream
+	// (RecoveryStream) and, from its first Fetch until Close, reads each
+	// message from the stream by sequence and writes its letter (class
+	// ClassMaxDeliveries) once the sink takes it. See "Last deliveries" in
+	// the package doc. Pass the route's own sink (consumer.Route's
+	// DeadLetter sink): its dedup id (DedupID) then matches the route's
+	// own letter for the message. nil (the default) recovers nothing.
+	Recover dlq.Sink
 }
 
 // ConfirmMode says how a Source learns that the server has a settlement
@@ -120,6 +133,9 @@ type Source struct {
 	name   string
 	next   string // the pull request subject
 	set    *settler
+	// rec recovers what JetStream stops delivering (opts.Recover); nil
+	// without it.
+	rec *recoverer
 	// owned is the config NewSourceFor created the consumer with; nil for
 	// a consumer the user owns (NewSource).
 	owned *jetstream.ConsumerConfig
@@ -211,11 +227,18 @@ type SourceStats struct {
 	// ack and went down before applying it. Each gets that same
 	// settlement, unconfirmed; the route's Fetched does not count them.
 	RedeliveriesSettled uint64
+	// Recovered counts messages dead-lettered from a MAX_DELIVERIES
+	// advisory (SourceOptions.Recover); RecoverySkipped the advisories of
+	// messages whose Ack or Term of the last delivery this Source saw
+	// confirmed (it came after the server gave up); RecoveryGone those of
+	// messages no longer in the stream; RecoveryFailures the attempts that
+	// failed (the sink refused, the stream did not answer) and are retried.
+	Recovered, RecoverySkipped, RecoveryGone, RecoveryFailures uint64
 }
 
 // Stats returns the Source's counters.
 func (s *Source) Stats() SourceStats {
-	return SourceStats{
+	st := SourceStats{
 		Recreated:              s.c.recreated.Load(),
 		StatusHeaderDeliveries: s.c.statusHeaders.Load(),
 		AcksResent:             s.set.resent.Load(),
@@ -228,6 +251,10 @@ func (s *Source) Stats() SourceStats {
 		ReturnedUnread:         s.c.returnedUnread.Load(),
 		RedeliveriesSettled:    s.c.redeliveriesSettled.Load(),
 	}
+	if r := s.rec; r != nil {
+		st.Recovered, st.RecoverySkipped, st.RecoveryGone, st.RecoveryFailures = r.recovered.Load(), r.skipped.Load(), r.gone.Load(), r.failed.Load()
+	}
+	return st
 }
 
 func (s *Source) maxAckPending() int {
@@ -286,7 +313,7 @@ func NewSource(js jetstream.JetStream, cons jetstream.Consumer, opts SourceOptio
 		}
 	}
 	nc := js.Conn()
-	return &Source{
+	s := &Source{
 		js:       js,
 		cons:     cons,
 		nc:       nc,
@@ -297,7 +324,11 @@ func NewSource(js jetstream.JetStream, cons jetstream.Consumer, opts SourceOptio
 		set:      newSettler(natsConn{nc}, wallClock, opts.AckTimeout, opts.Confirm == ConfirmBatch),
 		infoAt:   time.Now(),
 		ackFloor: info.AckFloor.Stream,
-	}, nil
+	}
+	if opts.Recover != nil {
+		s.rec = &recoverer{src: s, sink: opts.Recover, acked: map[uint64]struct{}{}}
+	}
+	return s, nil
 }
 
 // NewSourceFor creates or updates the durable or ephemeral consumer cfg on
@@ -438,6 +469,9 @@ func (s *Source) Close() error {
 	sub := s.sub
 	s.sub = nil
 	s.mu.Unlock()
+	if s.rec != nil {
+		s.rec.stop()
+	}
 	err := s.set.close()
 	if sub != nil {
 		if uerr := sub.Unsubscribe(); uerr != nil && !errors.Is(uerr, nats.ErrConnectionClosed) && !errors.Is(uerr, nats.ErrBadSubscription) {
