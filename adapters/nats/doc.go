@@ -93,9 +93,10 @@
 // server then gives up on the message when its AckWait passes and
 // publishes a MAX_DELIVERIES advisory
 // ($JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.<stream>.<consumer>) naming
-// its stream sequence. With SourceOptions.Recover set, the Source keeps
-// those advisories in a work-queue stream of its own
-// (RecoveryStream(stream, consumer), created by the first Fetch, file
+// its stream sequence. With SourceOptions.Recover set on a durable (an
+// ephemeral goes with its process, and the next one delivers the stream
+// again), the Source keeps those advisories in a work-queue stream of its
+// own (RecoveryStream(stream, consumer), created by the first Fetch, file
 // storage), so an advisory that fires while no process runs is kept too,
 // and from its first Fetch until Close it reads them with a durable
 // (sluice-recover): for each, it reads the message from the stream by
@@ -114,7 +115,10 @@
 // duplicate, never a loss), and advisories that fired before the first
 // Fetch of a Source with Recover ever created the stream were not kept.
 // The advisory only fires when the server next looks for messages to
-// deliver on the consumer, which a running route does all the time.
+// deliver on the consumer, which a running route does all the time. Who
+// may publish on the advisory subject can make the Source copy a stream
+// message into the dead-letter store (never remove one): keep
+// $JS.EVENT.> to the server and trusted operators, as JetStream advises.
 //
 // # Message key
 //

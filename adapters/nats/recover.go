@@ -105,6 +105,15 @@ func (r *recoverer) start(ctx context.Context) error {
 		return nil
 	}
 	s := r.src
+	if info := s.info(); info == nil || info.Config.Durable == "" {
+		// An ephemeral consumer goes with its process: the next one
+		// delivers the stream again, nothing is lost, and a stream per
+		// ephemeral would pile up.
+		r.started, r.done = true, make(chan struct{})
+		close(r.done)
+		r.cancel, r.iter = func() {}, nil
+		return nil
+	}
 	name := RecoveryStream(s.stream, s.name)
 	subject := "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + s.stream + "." + s.name
 	st, err := s.js.Stream(ctx, name)
@@ -239,6 +248,8 @@ func (r *recoverer) stop() {
 		return
 	}
 	r.cancel()
-	r.iter.Stop()
+	if r.iter != nil {
+		r.iter.Stop()
+	}
 	<-r.done
 }

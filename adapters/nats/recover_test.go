@@ -195,8 +195,9 @@ func TestMaxDeliverShutdownLosesNothing(t *testing.T) {
 // TestMaxDeliverPoisonWithDLQDownRecovered is issue 24 item 9, second row:
 // poison messages on their last delivery while the dead-letter store
 // refuses every write are kept and retried until the graceful stop, then
-// abandoned (9 lost before). Once the store is repaired, the restarted
-// Source dead-letters each of them from its MAX_DELIVERIES advisory.
+// abandoned (9 lost before). The restarted Source retries their letters
+// from the MAX_DELIVERIES advisories while the store still refuses, and
+// once it is repaired every one of them is dead-lettered.
 func TestMaxDeliverPoisonWithDLQDownRecovered(t *testing.T) {
 	const n, every = 200, 10
 	ctx, js := setup(t, n)
@@ -213,7 +214,7 @@ func TestMaxDeliverPoisonWithDLQDownRecovered(t *testing.T) {
 		c, err := consumer.New(consumer.Options{ShutdownGrace: 500 * time.Millisecond}, consumer.Route{
 			Name:    "poison",
 			Source:  src,
-			Workers: 4,
+			Workers: 24, // more than the poison: kept letters retried on workers (before the core's item 10) leave some free
 			Expiry:  expiry.Policy{IgnoreHeader: true},
 			Retry:   consumer.RetryPolicy{MaxAttempts: 2, BaseDelay: time.Millisecond, MaxDelay: 10 * time.Millisecond},
 			Handler: func(_ context.Context, m *consumer.Message) error {
@@ -254,7 +255,8 @@ func TestMaxDeliverPoisonWithDLQDownRecovered(t *testing.T) {
 	}
 	t.Logf("run 1 (store down): %d refused writes, abandoned %d, dead-lettered %d", sink.refused.Load(), s1.Settled[consumer.OutcomeAbandoned], s1.Settled[consumer.OutcomeDeadLettered])
 
-	sink.refusing.Store(false) // the store is repaired
+	// Restarted with the store still down: recovery fails and retries;
+	// once the store is repaired, every poison message gets its letter.
 	src, err = natsadapter.NewSourceFor(ctx, js, "WORK", cfg, opts)
 	if err != nil {
 		t.Fatal(err)
@@ -263,6 +265,9 @@ func TestMaxDeliverPoisonWithDLQDownRecovered(t *testing.T) {
 	c = route(src)
 	book := &letterBook{js: js, classes: map[uint64]string{}}
 	runUntil(t, c, 30*time.Second, func() bool {
+		if sink.refusing.Load() && src.Stats().RecoveryFailures > 0 {
+			sink.refusing.Store(false) // the store is repaired
+		}
 		book.update(t, ctx)
 		return len(book.classes) >= n/every
 	}, nil)
@@ -275,7 +280,7 @@ func TestMaxDeliverPoisonWithDLQDownRecovered(t *testing.T) {
 		}
 	}
 	st := src.Stats()
-	t.Logf("after the restart: %d letters, %d recovered from advisories, classes %v", book.letters, st.Recovered, book.classes)
+	t.Logf("after the restart: %d letters, %d recovered from advisories (%d attempts failed while the store was down), classes %v", book.letters, st.Recovered, st.RecoveryFailures, book.classes)
 	if st.Recovered == 0 {
 		t.Fatal("nothing recovered from advisories")
 	}
@@ -438,5 +443,123 @@ func TestRecoverySkipsAckedDedupesAndDropsGone(t *testing.T) {
 	t.Logf("skipped %d, recovered %d (writes), gone %d; letters %v", st.RecoverySkipped, st.Recovered, st.RecoveryGone, book.classes)
 	if book.letters != 1 || book.classes[3] != natsadapter.ClassMaxDeliveries {
 		t.Fatalf("%d letters %v, want one for sequence 3", book.letters, book.classes)
+	}
+}
+
+// TestPoisonOnLastDeliveryWithDLQDownKeepsFlowing is issue 24 item 10 on
+// NATS: with MaxDeliver, poison messages on their last delivery are kept
+// while the dead-letter store refuses writes, and their writes retried.
+// Three times as many as workers must not stop good traffic (1,317 of
+// 5,820 good messages after 60 s before the core retried kept letters off
+// the workers), and the Source must keep them alive on the server: each
+// stays ack-pending, and JetStream gives up on none of them (no
+// MAX_DELIVERIES advisory) though AckWait passes several times.
+func TestPoisonOnLastDeliveryWithDLQDownKeepsFlowing(t *testing.T) {
+	// Needs the core's kept-letter retrier (branch core, commit aac480e
+	// "consumer: retry kept dead letters on one goroutine per route, off
+	// the workers"): before it, the kept letters hold every worker and
+	// this test times out. Remove the skip once that change is on main.
+	t.Skip("needs the core's kept-letter retrier (issue 24 item 10, branch core): remove once it is on main")
+	const n, every, workers = 3000, 100, 8 // 30 poison messages
+	const ackWait = 2 * time.Second
+	ctx, js := setup(t, n)
+	real, err := natsadapter.NewDeadLetterSink(ctx, js, natsadapter.SinkOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink := &refusingSink{sink: real}
+	sink.refusing.Store(true)
+	src, err := natsadapter.NewSourceFor(ctx, js, "WORK", jetstream.ConsumerConfig{Durable: "flow", AckWait: ackWait, MaxDeliver: 2},
+		natsadapter.SourceOptions{PollWait: 100 * time.Millisecond, Recover: sink})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	var good atomic.Int64
+	c, err := consumer.New(consumer.Options{ShutdownGrace: 500 * time.Millisecond}, consumer.Route{
+		Name: "flow", Source: src, Workers: workers,
+		Expiry: expiry.Policy{IgnoreHeader: true},
+		Retry:  consumer.RetryPolicy{MaxAttempts: 2, BaseDelay: time.Millisecond, MaxDelay: 100 * time.Millisecond},
+		Handler: func(_ context.Context, m *consumer.Message) error {
+			id, _ := strconv.Atoi(m.Headers.Get("Id"))
+			if id%every == 0 {
+				return consumer.Permanent(errors.New("poison"))
+			}
+			time.Sleep(time.Millisecond)
+			good.Add(1)
+			return nil
+		},
+		Window:     consumer.WindowPolicy{Messages: 64, Bytes: 1 << 20},
+		DeadLetter: consumer.DeadLetterPolicy{Sink: sink},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	var goodAt time.Duration
+	var pending int
+	runUntil(t, c, 60*time.Second, func() bool {
+		if goodAt == 0 && good.Load() == n-n/every {
+			goodAt = time.Since(start)
+		}
+		if goodAt == 0 || time.Since(start) < 3*ackWait {
+			return false
+		}
+		info, err := src.Consumer().Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pending = info.NumAckPending
+		return true
+	}, nil)
+	adv, err := js.Stream(ctx, natsadapter.RecoveryStream("WORK", "flow"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ainfo, err := adv.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := c.Stats()[0]
+	t.Logf("%d good messages in %v (%.0f/s) with %d poison kept and the store down; %d refused writes; %d ack pending on the server after %v; %d advisories",
+		n-n/every, goodAt.Round(time.Millisecond), float64(n-n/every)/goodAt.Seconds(), n/every, sink.refused.Load(), pending, 3*ackWait, ainfo.State.Msgs)
+	if pending != n/every {
+		t.Fatalf("%d messages ack pending on the server, want the %d kept poison messages", pending, n/every)
+	}
+	if ainfo.State.Msgs != 0 || src.Stats().RecoveryFailures != 0 {
+		t.Fatalf("JetStream gave up on %d kept messages (keep-alive failed)", ainfo.State.Msgs)
+	}
+	if st.Settled[consumer.OutcomeDLQFailed] < n/every {
+		t.Fatalf("only %d failed writes: the poison did not reach its last delivery", st.Settled[consumer.OutcomeDLQFailed])
+	}
+}
+
+// TestRecoverNothingForEphemeral: an ephemeral consumer goes with its
+// process (the next one delivers the stream again), so Recover makes no
+// advisory stream for it.
+func TestRecoverNothingForEphemeral(t *testing.T) {
+	ctx, js := setup(t, 1)
+	sink, err := natsadapter.NewDeadLetterSink(ctx, js, natsadapter.SinkOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := natsadapter.NewSourceFor(ctx, js, "WORK", jetstream.ConsumerConfig{MaxDeliver: 2},
+		natsadapter.SourceOptions{PollWait: 100 * time.Millisecond, Recover: sink})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := src.Attach(consumer.RouteLimits{Route: "eph", Messages: 4, Bytes: 1 << 20, MaxAttempts: 2}); err != nil {
+		t.Fatal(err)
+	}
+	msgs, err := src.Fetch(ctx, 1, 1<<20)
+	if err != nil || len(msgs) != 1 {
+		t.Fatalf("fetch: %d, %v", len(msgs), err)
+	}
+	name := natsadapter.RecoveryStream("WORK", src.Consumer().CachedInfo().Name)
+	if _, err := js.Stream(ctx, name); !errors.Is(err, jetstream.ErrStreamNotFound) {
+		t.Fatalf("advisory stream %s for an ephemeral: %v", name, err)
+	}
+	if err := src.Close(); err != nil {
+		t.Fatal(err)
 	}
 }

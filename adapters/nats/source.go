@@ -47,7 +47,9 @@ type SourceOptions struct {
 	// ClassMaxDeliveries) once the sink takes it. See "Last deliveries" in
 	// the package doc. Pass the route's own sink (consumer.Route's
 	// DeadLetter sink): its dedup id (DedupID) then matches the route's
-	// own letter for the message. nil (the default) recovers nothing.
+	// own letter for the message. nil (the default) recovers nothing, and
+	// neither does an ephemeral consumer (it goes with its process; the
+	// next one delivers the stream again).
 	Recover dlq.Sink
 }
 
