@@ -201,8 +201,10 @@ type settler struct {
 	resends int
 	// batch: ConfirmBatch (see above).
 	batch bool
-	// replyBuf builds reply subjects (writer only).
+	// replyBuf builds reply subjects; seqs holds the send numbers of the
+	// batch being written (writer only).
 	replyBuf []byte
+	seqs     []uint64
 
 	mu      sync.Mutex
 	queue   []*pendingSettle
@@ -320,6 +322,7 @@ func (s *settler) write() {
 				}
 			}
 		}
+		s.seqs = s.seqs[:0]
 		for i, p := range q {
 			if p.id != 0 {
 				s.sendSeq++
@@ -337,6 +340,7 @@ func (s *settler) write() {
 					s.sent = append(s.sent, sentRef{p, p.sendSeq})
 				}
 			}
+			s.seqs = append(s.seqs, p.sendSeq)
 		}
 		if s.batch && len(s.sent) > 2*len(s.pending)+64 {
 			s.compactSentLocked()
@@ -354,11 +358,10 @@ func (s *settler) write() {
 				err = s.nc.Publish(p.subj, p.body)
 			} else {
 				// One allocation for the reply subject:
-				// <inbox>.<id base 36>.<send base 36>. p.sendSeq is read
-				// without s.mu: only the writer changes it, and only
-				// when p is queued again, which is after this send.
+				// <inbox>.<id base 36>.<send base 36>, the send as
+				// numbered above (s.seqs: p.sendSeq may have moved on).
 				b := strconv.AppendUint(append(append(s.replyBuf[:0], inbox...), '.'), p.id, 36)
-				s.replyBuf = strconv.AppendUint(append(b, '.'), p.sendSeq, 36)
+				s.replyBuf = strconv.AppendUint(append(b, '.'), s.seqs[i], 36)
 				err = s.nc.PublishRequest(p.subj, string(s.replyBuf), p.body)
 			}
 			if err != nil {
@@ -512,7 +515,9 @@ func (s *settler) expediteLocked(send sendMark) {
 			break
 		}
 		q := r.p
-		if q.sendSeq == r.seq && q.plain && q.conns == send.conns && s.pending[q.id] == q {
+		// q.sentAt zero: queued to be re-sent already (marking it would let
+		// the next sweep queue it a second time).
+		if q.sendSeq == r.seq && q.plain && q.conns == send.conns && !q.sentAt.IsZero() && s.pending[q.id] == q {
 			q.sentAt = past
 		}
 	}
