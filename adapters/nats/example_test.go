@@ -119,3 +119,43 @@ func ExampleNewSource() {
 	// events.signup ada (stream EVENTS, seq 1)
 	// run: <nil>
 }
+
+// A durable with MaxDeliver: the route dead-letters the last delivery
+// instead of nak'ing it away, and Recover dead-letters into the same sink
+// what the server gave up on while no process could settle it (a stop with
+// the store down, a kill): see "Last deliveries" in the package doc.
+func ExampleSourceOptions_recover() {
+	ctx := context.Background()
+	nc, err := nats.Connect(nats.DefaultURL)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	sink, err := natsadapter.NewDeadLetterSink(ctx, js, natsadapter.SinkOptions{})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	src, err := natsadapter.NewSourceFor(ctx, js, "ORDERS",
+		jetstream.ConsumerConfig{Durable: "orders", MaxDeliver: 5},
+		natsadapter.SourceOptions{Recover: sink})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer src.Close()
+	c, err := consumer.New(consumer.Options{}, consumer.Route{
+		Name:       "orders",
+		Source:     src,
+		Handler:    func(context.Context, *consumer.Message) error { return nil },
+		Retry:      consumer.RetryPolicy{MaxAttempts: 5},
+		DeadLetter: consumer.DeadLetterPolicy{Sink: sink},
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(c.Run(ctx))
+}
