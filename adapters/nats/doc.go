@@ -114,6 +114,10 @@
 // another process after the server gave up on it gets a letter too (a
 // duplicate, never a loss), and advisories that fired before the first
 // Fetch of a Source with Recover ever created the stream were not kept.
+// When the stream cannot be made (no permission to create streams,
+// another stream capturing the subject), Fetch returns that error once,
+// goes on pulling, and tries again every 10 s: the route is not stopped
+// for it.
 // The advisory only fires when the server next looks for messages to
 // deliver on the consumer, which a running route does all the time. Who
 // may publish on the advisory subject can make the Source copy a stream

@@ -54,12 +54,16 @@ type recoverer struct {
 	// acked are stream sequences whose Ack or Term on a last delivery the
 	// server confirmed (an ack that arrives after the server gave up is
 	// answered and ignored): their advisory is skipped.
-	mu    sync.Mutex
+	ackMu sync.Mutex
 	acked map[uint64]struct{}
 	order []uint64
 
+	mu sync.Mutex // guards what follows
 	// Set by start (the fetch loop), read by stop (Close, after Run).
 	started bool
+	// retryAt: a failed start is tried again from then on; Fetch goes on
+	// meanwhile (the route must not stop because recovery cannot start).
+	retryAt time.Time
 	iter    jetstream.MessagesContext
 	cancel  context.CancelFunc
 	done    chan struct{}
@@ -73,8 +77,8 @@ const maxAckedRemembered = 4096
 // remember notes that the server confirmed an Ack or Term of seq's last
 // delivery.
 func (r *recoverer) remember(seq uint64) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	r.ackMu.Lock()
+	defer r.ackMu.Unlock()
 	if _, ok := r.acked[seq]; ok {
 		return
 	}
@@ -87,8 +91,8 @@ func (r *recoverer) remember(seq uint64) {
 }
 
 func (r *recoverer) wasAcked(seq uint64) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	r.ackMu.Lock()
+	defer r.ackMu.Unlock()
 	_, ok := r.acked[seq]
 	return ok
 }
@@ -97,13 +101,27 @@ func (r *recoverer) wasAcked(seq uint64) bool {
 // goroutine that processes what they hold, including advisories that
 // fired while no process ran. Called by Fetch before its first pull, so
 // the stream exists before anything this Source is delivered can reach
-// MaxDeliver.
+// MaxDeliver. When that fails (no permission to create streams, a stream
+// already capturing the subject), Fetch returns the error once and goes on
+// pulling; the start is tried again every startRetry.
 func (r *recoverer) start(ctx context.Context) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.started {
+	if r.started || time.Now().Before(r.retryAt) {
 		return nil
 	}
+	if err := r.startLocked(ctx); err != nil {
+		r.retryAt = time.Now().Add(startRetry)
+		return err
+	}
+	return nil
+}
+
+// startRetry is how long Fetch waits before it tries again to start
+// recovery after a failure.
+const startRetry = 10 * time.Second
+
+func (r *recoverer) startLocked(ctx context.Context) error {
 	s := r.src
 	if info := s.info(); info == nil || info.Config.Durable == "" {
 		// An ephemeral consumer goes with its process: the next one

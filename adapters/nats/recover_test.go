@@ -563,3 +563,43 @@ func TestRecoverNothingForEphemeral(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestRecoverSetupFailureDoesNotStopTheRoute: when the advisory stream
+// cannot be made (here another stream already captures the subject; in
+// production, no permission to create streams), Fetch reports it once as a
+// fetch error and goes on pulling: the route runs its messages.
+func TestRecoverSetupFailureDoesNotStopTheRoute(t *testing.T) {
+	const n = 50
+	ctx, js := setup(t, n)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "SQUAT", Subjects: []string{"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.WORK.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	sink, err := natsadapter.NewDeadLetterSink(ctx, js, natsadapter.SinkOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := natsadapter.NewSourceFor(ctx, js, "WORK", jetstream.ConsumerConfig{Durable: "squat", MaxDeliver: 2},
+		natsadapter.SourceOptions{PollWait: 100 * time.Millisecond, Recover: sink})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	var done atomic.Int64
+	c, err := consumer.New(consumer.Options{}, consumer.Route{
+		Name: "squat", Source: src, Workers: 4,
+		Handler:    func(context.Context, *consumer.Message) error { done.Add(1); return nil },
+		Expiry:     expiry.Policy{IgnoreHeader: true},
+		Retry:      consumer.RetryPolicy{MaxAttempts: 2},
+		Window:     consumer.WindowPolicy{Messages: 16, Bytes: 1 << 20},
+		DeadLetter: consumer.DeadLetterPolicy{Sink: sink},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runUntil(t, c, 30*time.Second, func() bool { return done.Load() == n }, nil)
+	s := c.Stats()[0]
+	t.Logf("%d messages run; fetch errors %d (last: %v)", done.Load(), s.Errors.Fetch, s.Errors.Last)
+	if s.Errors.Fetch != 1 {
+		t.Fatalf("%d fetch errors, want the one failed recovery start", s.Errors.Fetch)
+	}
+}
