@@ -455,11 +455,6 @@ func TestRecoverySkipsAckedDedupesAndDropsGone(t *testing.T) {
 // stays ack-pending, and JetStream gives up on none of them (no
 // MAX_DELIVERIES advisory) though AckWait passes several times.
 func TestPoisonOnLastDeliveryWithDLQDownKeepsFlowing(t *testing.T) {
-	// Needs the core's kept-letter retrier (branch core, commit aac480e
-	// "consumer: retry kept dead letters on one goroutine per route, off
-	// the workers"): before it, the kept letters hold every worker and
-	// this test times out. Remove the skip once that change is on main.
-	t.Skip("needs the core's kept-letter retrier (issue 24 item 10, branch core): remove once it is on main")
 	const n, every, workers = 3000, 100, 8 // 30 poison messages
 	const ackWait = 2 * time.Second
 	ctx, js := setup(t, n)
