@@ -188,7 +188,7 @@ func newRoute(cfg Route, clock Clock, opts Options) (*route, error) {
 	info, err := cfg.Source.Attach(RouteLimits{
 		Route: cfg.Name, Messages: cfg.Window.Messages, Bytes: cfg.Window.Bytes,
 		MaxAttempts: cfg.Retry.MaxAttempts, MaxDelay: max(cfg.Retry.MaxDelay, cfg.Overload.ShedDelay),
-		Ordering: cfg.Ordering,
+		Ordering: cfg.Ordering, DeadLetter: cfg.DeadLetter.Sink,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("route %q: %w", cfg.Name, err)

@@ -84,9 +84,12 @@
 // has no sink, or the handler is stuck) is a last delivery abandoned, and
 // RouteStats.LastAbandoned counts it apart: JetStream does not deliver a
 // message again once it was delivered MaxDeliver times, so it stays in the
-// stream, where only a recovery from the stream (JetStream's max-deliveries
-// advisory names it) finds it. With MaxDeliver unlimited (-1, the default)
-// and Retry.MaxAttempts capping attempts, no delivery is ever the last.
+// stream, where only a recovery from the stream finds it: the NATS
+// adapter's Source does that by default (JetStream's max-deliveries
+// advisory names the message; see "Last deliveries" in adapters/nats),
+// writing its letter into the route's sink once the sink answers, also
+// after a kill. With MaxDeliver unlimited (-1, the default) and
+// Retry.MaxAttempts capping attempts, no delivery is ever the last.
 //
 // Shutdown (Run's ctx ends): the pull stops; messages not started are
 // returned (last deliveries: above); running handlers get

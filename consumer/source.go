@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"github.com/sluice-go/sluice/dlq"
 	"time"
 )
 
@@ -50,6 +51,12 @@ type RouteLimits struct {
 	// key's messages in order; a Source must not let a redelivery overtake
 	// later messages of its key or partition (a Kafka retry topic would).
 	Ordering Ordering
+	// DeadLetter is the route's dead-letter sink (DeadLetterPolicy.Sink;
+	// nil: none). A Source that can find, after the fact, last deliveries
+	// the route could not settle (the NATS adapter reads JetStream's
+	// max-deliveries advisories) writes their letters here unless told
+	// otherwise.
+	DeadLetter dlq.Sink
 }
 
 // SourceInfo describes a Source's broker to its route.

@@ -93,9 +93,10 @@
 // server then gives up on the message when its AckWait passes and
 // publishes a MAX_DELIVERIES advisory
 // ($JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.<stream>.<consumer>) naming
-// its stream sequence. With SourceOptions.Recover set on a durable (an
-// ephemeral goes with its process, and the next one delivers the stream
-// again), the Source keeps those advisories in a work-queue stream of its
+// its stream sequence. By default, on a durable with MaxDeliver whose
+// route has a dead-letter sink (SourceOptions.Recover names another sink,
+// NoRecover turns it off; an ephemeral goes with its process, and the
+// next one delivers the stream again), the Source keeps those advisories in a work-queue stream of its
 // own (RecoveryStream(stream, consumer), created by the first Fetch, file
 // storage), so an advisory that fires while no process runs is kept too,
 // and from its first Fetch until Close it reads them with a durable
@@ -113,7 +114,7 @@
 // is dropped (RecoveryGone). What is not covered: a message acked by
 // another process after the server gave up on it gets a letter too (a
 // duplicate, never a loss), and advisories that fired before the first
-// Fetch of a Source with Recover ever created the stream were not kept.
+// Fetch of a recovering Source ever created the stream were not kept.
 // When the stream cannot be made (no permission to create streams,
 // another stream capturing the subject), Fetch returns that error once,
 // goes on pulling, and tries again every 10 s: the route is not stopped

@@ -121,9 +121,11 @@ func ExampleNewSource() {
 }
 
 // A durable with MaxDeliver: the route dead-letters the last delivery
-// instead of nak'ing it away, and Recover dead-letters into the same sink
-// what the server gave up on while no process could settle it (a stop with
-// the store down, a kill): see "Last deliveries" in the package doc.
+// instead of nak'ing it away, and the Source, by default, dead-letters into
+// the route's sink what the server gave up on while no process could settle
+// it (a stop with the store down, a kill): see "Last deliveries" in the
+// package doc. SourceOptions.Recover names another sink; NoRecover turns
+// it off.
 func ExampleSourceOptions_recover() {
 	ctx := context.Background()
 	nc, err := nats.Connect(nats.DefaultURL)
@@ -140,7 +142,7 @@ func ExampleSourceOptions_recover() {
 	}
 	src, err := natsadapter.NewSourceFor(ctx, js, "ORDERS",
 		jetstream.ConsumerConfig{Durable: "orders", MaxDeliver: 5},
-		natsadapter.SourceOptions{Recover: sink})
+		natsadapter.SourceOptions{})
 	if err != nil {
 		fmt.Println(err)
 		return

@@ -291,7 +291,8 @@ func TestMaxDeliverPoisonWithDLQDownRecovered(t *testing.T) {
 // writes nothing (its connection is gone). The advisories fire when the
 // next process pulls, after AckWait; they land in the Source's advisory
 // stream whether or not any process listens, and the restarted Source
-// dead-letters every one of those messages.
+// dead-letters every one of those messages. Both Sources run with the
+// default recovery: into the route's own sink, nothing set on the Source.
 func TestMaxDeliverKillRecovered(t *testing.T) {
 	const n = 10
 	_, url := natstest.Start(t)
@@ -320,7 +321,9 @@ func TestMaxDeliverKillRecovered(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		src, err := natsadapter.NewSourceFor(ctx, js, "WORK", cfg, natsadapter.SourceOptions{PollWait: 100 * time.Millisecond, Recover: sink})
+		// No SourceOptions.Recover: by default the Source recovers into
+		// the sink of the route that attaches it.
+		src, err := natsadapter.NewSourceFor(ctx, js, "WORK", cfg, natsadapter.SourceOptions{PollWait: 100 * time.Millisecond})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -596,5 +599,46 @@ func TestRecoverSetupFailureDoesNotStopTheRoute(t *testing.T) {
 	t.Logf("%d messages run; fetch errors %d (last: %v)", done.Load(), s.Errors.Fetch, s.Errors.Last)
 	if s.Errors.Fetch != 1 {
 		t.Fatalf("%d fetch errors, want the one failed recovery start", s.Errors.Fetch)
+	}
+}
+
+// TestRecoverDefaultsAndOff: by default a Source on a durable with
+// MaxDeliver makes its advisory stream when the route that attaches it has
+// a dead-letter sink; it makes none for a route without a sink, nor with
+// NoRecover (even with Recover set).
+func TestRecoverDefaultsAndOff(t *testing.T) {
+	ctx, js := setup(t, 3)
+	sink, err := natsadapter.NewDeadLetterSink(ctx, js, natsadapter.SinkOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		durable    string
+		opts       natsadapter.SourceOptions
+		routeSink  dlq.Sink
+		wantStream bool
+	}{
+		{"withsink", natsadapter.SourceOptions{}, sink, true},
+		{"nosink", natsadapter.SourceOptions{}, nil, false},
+		{"off", natsadapter.SourceOptions{NoRecover: true, Recover: sink}, sink, false},
+	} {
+		c.opts.PollWait = 100 * time.Millisecond
+		src, err := natsadapter.NewSourceFor(ctx, js, "WORK", jetstream.ConsumerConfig{Durable: c.durable, MaxDeliver: 2}, c.opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := src.Attach(consumer.RouteLimits{Route: c.durable, Messages: 4, Bytes: 1 << 20, MaxAttempts: 2, DeadLetter: c.routeSink}); err != nil {
+			t.Fatal(err)
+		}
+		if msgs, err := src.Fetch(ctx, 1, 1<<20); err != nil || len(msgs) != 1 {
+			t.Fatalf("%s: fetch: %d, %v", c.durable, len(msgs), err)
+		}
+		_, err = js.Stream(ctx, natsadapter.RecoveryStream("WORK", c.durable))
+		if got := err == nil; got != c.wantStream {
+			t.Errorf("%s: advisory stream made: %v (%v), want %v", c.durable, got, err, c.wantStream)
+		}
+		if err := src.Close(); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

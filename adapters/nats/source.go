@@ -37,20 +37,26 @@ type SourceOptions struct {
 	// unless the settlement landed after all). After a reconnect,
 	// outstanding settlements are re-sent at once. 0 means 5 s.
 	AckTimeout time.Duration
-	// Recover, when set and the consumer has a MaxDeliver, dead-letters
-	// into it the messages JetStream stops delivering because their last
-	// delivery was never settled: the process stopped or was killed while
-	// it held one, or its dead-letter write failed until the shutdown. The
-	// Source keeps the consumer's MAX_DELIVERIES advisories in a stream
-	// (RecoveryStream) and, from its first Fetch until Close, reads each
-	// message from the stream by sequence and writes its letter (class
-	// ClassMaxDeliveries) once the sink takes it. See "Last deliveries" in
-	// the package doc. Pass the route's own sink (consumer.Route's
-	// DeadLetter sink): its dedup id (DedupID) then matches the route's
-	// own letter for the message. nil (the default) recovers nothing, and
-	// neither does an ephemeral consumer (it goes with its process; the
-	// next one delivers the stream again).
+	// Recover is where the Source dead-letters the messages JetStream stops
+	// delivering because their last delivery was never settled (the
+	// consumer has a MaxDeliver, and the process stopped or was killed
+	// while it held one, or its dead-letter write failed until the
+	// shutdown). The Source keeps the consumer's MAX_DELIVERIES advisories
+	// in a stream (RecoveryStream) and, from its first Fetch until Close,
+	// reads each message from the stream by sequence and writes its letter
+	// (class ClassMaxDeliveries) once the sink takes it. See "Last
+	// deliveries" in the package doc. nil (the default) means the sink of
+	// the route that attaches the Source (consumer.Route's DeadLetter
+	// sink, whose dedup id then matches the route's own letter for the
+	// message); a route without a sink, a consumer without MaxDeliver, an
+	// ephemeral consumer (it goes with its process; the next one delivers
+	// the stream again) and NoRecover recover nothing.
 	Recover dlq.Sink
+	// NoRecover turns the recovery above off, even with Recover set: no
+	// advisory stream is made (for example where the Source's credentials
+	// may not create streams; without it, that failure is logged once per
+	// attempt and the route runs on).
+	NoRecover bool
 }
 
 // ConfirmMode says how a Source learns that the server has a settlement
@@ -327,7 +333,7 @@ func NewSource(js jetstream.JetStream, cons jetstream.Consumer, opts SourceOptio
 		infoAt:   time.Now(),
 		ackFloor: info.AckFloor.Stream,
 	}
-	if opts.Recover != nil {
+	if opts.Recover != nil && !opts.NoRecover {
 		s.rec = &recoverer{src: s, sink: opts.Recover, acked: map[uint64]struct{}{}}
 	}
 	return s, nil
@@ -408,6 +414,10 @@ func (s *Source) Attach(l consumer.RouteLimits) (consumer.SourceInfo, error) {
 		}
 	}
 	s.route, s.window = l.Route, l.Messages
+	if s.rec == nil && !s.opts.NoRecover && l.DeadLetter != nil {
+		// The default recovery writes into the route's own sink.
+		s.rec = &recoverer{src: s, sink: l.DeadLetter, acked: map[uint64]struct{}{}}
+	}
 	if s.autoAckPending {
 		s.reserve = initialDelayReserve(l.Messages)
 		s.sizeNow = true
