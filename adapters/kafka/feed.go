@@ -95,6 +95,7 @@ type record struct {
 	origin       dlq.Origin
 	size         int64
 	due          time.Time
+	clamped      bool // a retry whose not-before was clamped (parseRetry)
 }
 
 func (s *feed) convert(p *partition, kr *kafka.Record, now time.Time) (*record, error) {
@@ -104,10 +105,12 @@ func (s *feed) convert(p *partition, kr *kafka.Record, now time.Time) (*record, 
 	}
 	r := newRecord(p, kr.Offset, key, value, kr.Headers, kr.Time)
 	if p.retry {
-		res := parseRetry(r, now, s.maxDelay(), s.cfg.Topics)
-		if res.clamped {
-			s.stats.retryClamped.Add(1)
+		var seen time.Time
+		if p.waitOff == kr.Offset {
+			seen = p.waitSince // re-read after waiting for it: anchored at the first read
 		}
+		res := parseRetry(r, now, seen, s.maxDelay(), s.cfg.Topics)
+		r.clamped = res.clamped // counted once, by dueRetries
 		if res.refused {
 			s.stats.retryOriginRefused.Add(1)
 		}

@@ -226,7 +226,7 @@ func (f *fetcher) fetchLeader(ctx context.Context, parts []*partition, idx []int
 		if res.ErrorCode != 0 {
 			err = kafka.Error(res.ErrorCode)
 		} else {
-			f.decode(res, parts, idx, lists)
+			f.decode(res, parts, idx, lists, time.Now())
 			return
 		}
 	}
@@ -242,7 +242,9 @@ func (f *fetcher) fetchLeader(ctx context.Context, parts []*partition, idx []int
 	}
 }
 
-func (f *fetcher) decode(res *fetchAPI.Response, parts []*partition, idx []int, lists [][]*record) {
+// decode converts a fetch response into lists; wall is the time the
+// partitions' holds are measured in (backoffs, a retry's wait).
+func (f *fetcher) decode(res *fetchAPI.Response, parts []*partition, idx []int, lists [][]*record, wall time.Time) {
 	s := f.s
 	now := s.clock.Now()
 	for ti := range res.Topics {
@@ -272,7 +274,7 @@ func (f *fetcher) decode(res *fetchAPI.Response, parts []*partition, idx []int, 
 				} else {
 					clear(f.leaders)
 				}
-				p.backoff(time.Now())
+				p.backoff(wall)
 				continue
 			}
 			p.backoffD = 0
@@ -282,7 +284,7 @@ func (f *fetcher) decode(res *fetchAPI.Response, parts []*partition, idx []int, 
 				s.errorf("kafka source: fetch %s/%d: %v", p.topic, p.id, err)
 			}
 			if p.retry {
-				recs = s.dueRetries(p, recs, now)
+				recs = s.dueRetries(p, recs, now, wall)
 			}
 			if len(recs) > 0 {
 				p.offset = recs[len(recs)-1].offset + 1
@@ -357,13 +359,25 @@ const maxRetryHold = time.Second
 // not due are dropped and fetched again after the wait, so while a retry
 // partition waits it holds no memory and no part of the buffer, and other
 // partitions keep flowing.
-func (s *feed) dueRetries(p *partition, recs []*record, now time.Time) []*record {
+//
+// A record's clamped not-before (see parseRetry) is counted once: when it
+// is kept, or when the partition starts waiting for it.
+func (s *feed) dueRetries(p *partition, recs []*record, now, wall time.Time) []*record {
 	for i, r := range recs {
 		if wait := r.due.Sub(now); wait > 0 {
+			if p.waitSince.IsZero() || p.waitOff != r.offset {
+				p.waitOff, p.waitSince = r.offset, now
+				if r.clamped {
+					s.stats.retryClamped.Add(1)
+				}
+			}
 			p.offset = r.offset
-			p.hold = time.Now().Add(min(wait, maxRetryHold))
+			p.hold = wall.Add(min(wait, maxRetryHold))
 			clear(recs[i:])
 			return recs[:i]
+		}
+		if r.clamped && (p.waitSince.IsZero() || p.waitOff != r.offset) {
+			s.stats.retryClamped.Add(1)
 		}
 	}
 	return recs

@@ -79,10 +79,23 @@ func TestParseRetryUntrusted(t *testing.T) {
 		return newRecord(p, 7, nil, []byte("v"), hdrs(kv...), now)
 	}
 	r := mk(HeaderNotBefore, "2100-01-01T00:00:00Z", HeaderOriginTopic, "payments", HeaderOriginPartition, "1", "App", "x")
-	res := parseRetry(r, now, time.Minute, []string{"orders"})
+	res := parseRetry(r, now, time.Time{}, time.Minute, []string{"orders"})
 	if !res.clamped || !r.due.Equal(now.Add(time.Minute)) {
 		t.Fatalf("not-before 2100: due %v, clamped %v; want now+1m", r.due, res.clamped)
 	}
+	// The clamp is anchored where the record was written (its timestamp,
+	// or when the Source first read it), not at each re-read (issue 24.3).
+	later := now.Add(10 * time.Minute)
+	r = mk(HeaderNotBefore, "2100-01-01T00:00:00Z")
+	if res := parseRetry(r, later, time.Time{}, time.Minute, nil); !res.clamped || !r.due.Equal(now.Add(time.Minute)) {
+		t.Fatalf("re-read 10m after it was written: due %v, want its timestamp + 1m", r.due)
+	}
+	r = newRecord(p, 7, nil, nil, hdrs(HeaderNotBefore, "2100-01-01T00:00:00Z"), time.Date(2099, 1, 1, 0, 0, 0, 0, time.UTC)) // a forged timestamp too
+	if res := parseRetry(r, later.Add(5*time.Minute), later, time.Minute, nil); !res.clamped || !r.due.Equal(later.Add(time.Minute)) {
+		t.Fatalf("first seen at %v: due %v, want first seen + 1m", later, r.due)
+	}
+	r = mk(HeaderNotBefore, "2100-01-01T00:00:00Z", HeaderOriginTopic, "payments", HeaderOriginPartition, "1", "App", "x")
+	res = parseRetry(r, now, time.Time{}, time.Minute, []string{"orders"})
 	if !res.refused || r.origin.Topic != "orders-retry" || r.origin.Partition != 2 || r.origin.Offset != 7 {
 		t.Fatalf("origin %+v (refused %v): a foreign origin topic must be ignored", r.origin, res.refused)
 	}
@@ -91,7 +104,7 @@ func TestParseRetryUntrusted(t *testing.T) {
 	}
 	r = mk(HeaderNotBefore, now.Add(30*time.Second).Format(time.RFC3339Nano), HeaderOriginTopic, "orders",
 		HeaderOriginPartition, "3", HeaderOriginOffset, "99", HeaderAttempt, "4")
-	res = parseRetry(r, now, time.Minute, []string{"orders"})
+	res = parseRetry(r, now, time.Time{}, time.Minute, []string{"orders"})
 	if res.clamped || res.refused || !r.due.Equal(now.Add(30*time.Second)) || r.attempt != 4 ||
 		r.origin.Topic != "orders" || r.origin.Partition != 3 || r.origin.Offset != 99 || r.headers != nil {
 		t.Fatalf("a proper retry record: %+v due %v attempt %d headers %v (%+v)", r.origin, r.due, r.attempt, r.headers, res)

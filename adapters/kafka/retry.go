@@ -80,23 +80,33 @@ type retryParse struct {
 // (written by someone else) is delivered as it is, due now.
 //
 // The headers are untrusted (anyone who can write the retry topic, a
-// producer with a skewed clock): a not-before later than now + maxDelay
-// (the longest delay the route can ask for) is clamped to it, so one
-// record cannot hold back its partition's later retries; an origin topic
+// producer with a skewed clock): a not-before later than maxDelay (the
+// longest delay the route can ask for) after the record was written is
+// clamped to that, so one record cannot hold back its partition's later
+// retries. When it was written is the earliest of the record's own
+// timestamp, seen (when the Source first read it; zero: not before) and
+// now: the clamp is anchored there, not at now, so re-reading a clamped
+// record does not push it further out; an origin topic
 // that is not one of topics (the Source's own) is ignored and the record
 // keeps the retry topic as its origin, so nothing read from a retry
 // record decides where a dead letter or a replay of it goes.
-func parseRetry(r *record, now time.Time, maxDelay time.Duration, topics []string) (res retryParse) {
+func parseRetry(r *record, now, seen time.Time, maxDelay time.Duration, topics []string) (res retryParse) {
 	get := func(k string) string {
 		if v := r.headers[k]; len(v) > 0 {
 			return v[0]
 		}
 		return ""
 	}
+	written := now
+	for _, t := range []time.Time{r.time, seen} {
+		if !t.IsZero() && t.Before(written) {
+			written = t
+		}
+	}
 	r.due = now
 	if t, err := time.Parse(time.RFC3339Nano, get(HeaderNotBefore)); err == nil {
 		r.due = t
-		if latest := now.Add(maxDelay); r.due.After(latest) {
+		if latest := written.Add(maxDelay); r.due.After(latest) {
 			r.due, res.clamped = latest, true
 		}
 	}

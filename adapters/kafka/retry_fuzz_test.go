@@ -27,7 +27,7 @@ func FuzzParseRetry(f *testing.F) {
 		}
 		r := &record{headers: h}
 		const maxDelay = time.Minute
-		parseRetry(r, now, maxDelay, []string{"orders"})
+		parseRetry(r, now, time.Time{}, maxDelay, []string{"orders"})
 		if r.attempt < 0 {
 			t.Fatalf("attempt %d", r.attempt)
 		}

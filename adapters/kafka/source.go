@@ -83,6 +83,11 @@ type partition struct {
 	hold     time.Time
 	backoffD time.Duration
 	skip     int64 // one past the transaction markers the last fetch passed over, -1 none
+	// A retry partition waits at waitOff for its not-before, since
+	// waitSince (zero: not waiting): the clamp of a forged not-before is
+	// anchored there, not at each re-read.
+	waitOff   int64
+	waitSince time.Time
 
 	// The buffer's (under its lock): records fetched, not handed out.
 	queue []*record
@@ -117,7 +122,9 @@ type Stats struct {
 	RetryWriteErrors int64
 	// RetryClamped counts retry-topic records whose not-before lay beyond
 	// the longest delay the route asks for (a skewed clock, a forged
-	// record): they were held only that long.
+	// record): they were held only that long after they were written (the
+	// record's timestamp, or when the Source first read it if that is
+	// earlier).
 	RetryClamped int64
 	// RetryOriginRefused counts retry-topic records naming an origin topic
 	// the Source does not read: the header was ignored.
