@@ -15,8 +15,9 @@
 // the same *Cluster (Sources, the retry writer, DeadLetterSink,
 // LetterSource, ReplayTarget, GetLetter) shares one kafka.Transport whose
 // metadata requests name only the topics they use, and the consumer
-// groups' coordinator connections use the same TLS and SASL. Source.Ready
-// returns once the group has formed.
+// groups' coordinator connections use the same TLS and SASL. A Source
+// joins its group when its route attaches it (consumer.New); Source.Ready
+// then returns once the group has formed (before that, ErrNotAttached).
 //
 // # Memory and fairness
 //

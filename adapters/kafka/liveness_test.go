@@ -2,6 +2,7 @@ package kafkaadapter_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -56,5 +57,41 @@ func TestForgedNotBeforeBecomesDue(t *testing.T) {
 	}
 	if st.RetryClamped != 1 {
 		t.Errorf("RetryClamped %d, want 1 (one record clamped once)", st.RetryClamped)
+	}
+}
+
+// TestReadyBeforeAttach is issue 24.11: a Source joins its group when its
+// route attaches it (consumer.New). Ready called before that waited until
+// its ctx ended; it now says at once that there is nothing to wait for,
+// and after consumer.New it returns once the group formed.
+func TestReadyBeforeAttach(t *testing.T) {
+	topic := cluster.Topic(t, "ready", 1)
+	src, err := kafkaadapter.NewSource(testConfig(kafkatest.UniqueName("ready"), topic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := src.Ready(ctx); !errors.Is(err, kafkaadapter.ErrNotAttached) {
+		t.Fatalf("Ready before consumer.New: %v, want ErrNotAttached", err)
+	}
+	if ctx.Err() != nil {
+		t.Fatal("Ready before consumer.New waited for its ctx")
+	}
+	if _, err := consumer.New(consumer.Options{}, consumer.Route{Name: "r", Source: src, Workers: 1, Window: testWindow,
+		Handler: func(context.Context, *consumer.Message) error { return nil }}); err != nil {
+		t.Fatal(err)
+	}
+	if err := src.Ready(ctx); err != nil {
+		t.Fatalf("Ready after consumer.New: %v", err)
+	}
+	if a := src.Assigned(); len(a[topic]) != 1 {
+		t.Fatalf("ready without its assignment: %v", a)
+	}
+	if err := src.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := src.Ready(ctx); !errors.Is(err, consumer.ErrClosed) {
+		t.Fatalf("Ready after Close: %v, want ErrClosed", err)
 	}
 }

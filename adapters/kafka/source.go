@@ -145,7 +145,13 @@ type Stats struct {
 	Generation int32
 }
 
-// NewSource validates cfg and joins the group in the background.
+// ErrNotAttached is returned by Source.Ready before a route attached the
+// Source: it joins its group only then (consumer.New attaches it), so
+// there is nothing to wait for yet.
+var ErrNotAttached = errors.New("kafka source: not attached to a route yet (consumer.New attaches it, and it joins its group then)")
+
+// NewSource validates cfg and returns the Source. It joins the group when
+// a route attaches it (consumer.New), in the background: see Ready.
 func NewSource(cfg Config) (*Source, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -262,10 +268,18 @@ func (s *feed) snapshot() Stats {
 // generation's assignment (possibly no partitions, when the group has more
 // members than partitions), and returns nil; or returns the error that
 // keeps it from joining (a session timeout the broker refuses, missing
-// authorization), ctx's error, or ErrClosed. A consumer does not need to
-// wait for it; tests and benchmarks that start timing, and services that
-// report readiness, do.
+// authorization), ctx's error, or ErrClosed. Called before a route
+// attached the Source (before consumer.New), when it has not started to
+// join, it returns ErrNotAttached at once instead of waiting. A consumer
+// does not need to wait for it; tests and benchmarks that start timing,
+// and services that report readiness, do.
 func (s *Source) Ready(ctx context.Context) error {
+	if s.closed.Load() {
+		return fmt.Errorf("kafka source: %w", consumer.ErrClosed)
+	}
+	if !s.started.Load() {
+		return ErrNotAttached
+	}
 	t := time.NewTicker(100 * time.Millisecond)
 	defer t.Stop()
 	for {
