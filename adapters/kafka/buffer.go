@@ -28,6 +28,10 @@ type buffer struct {
 	peakN    int
 	avg      int64 // average size of the records admitted
 	shares   int   // partitions sharing the message slots (1: no cap)
+	// claim is a record a fetcher dropped because it did not fit: until
+	// that fetcher reserves room for it, no other fetcher reserves (see
+	// reserve).
+	claim claim
 
 	wake  chan struct{} // cap 1: something became ready
 	space chan struct{} // closed (and replaced) when room frees
@@ -50,33 +54,82 @@ func (b *buffer) freed() {
 	b.space = make(chan struct{})
 }
 
+// claim is what admit remembers of a record that did not fit: the fetcher
+// (lane) that dropped it, its partition and its size.
+type claim struct {
+	lane *fetcher
+	part *partition
+	size int64
+}
+
 // reserve waits until at least min(want, budget) bytes and a quarter of
 // the message slots are free (a fetch for every slot that frees would be
 // a round trip per handful of records), and grants up to want bytes to one broker request, but
 // no more than the free message slots take at the average record size
 // seen: a response the count cannot hold would mostly be dropped and
 // fetched again.
-func (b *buffer) reserve(ctx context.Context, want int64) (int64, error) {
+//
+// A record admit dropped because it did not fit, larger than the grant of
+// the fetch that brought it, is claimed by its lane:
+// other lanes do not reserve until that lane's next reserve, which waits
+// until the record fits (its size, at most the budget, is free) and
+// grants at least that much; it returns the record's partition, to be
+// the first of the next request (the one a broker returns a whole first
+// batch of). So reservations of other lanes, each held for a long poll,
+// cannot keep a large record out for ever, and a lane does not fetch a
+// record again and again while it cannot fit.
+func (b *buffer) reserve(ctx context.Context, want int64, lane *fetcher) (int64, *partition, error) {
 	for {
 		b.mu.Lock()
-		free := b.maxBytes - b.bytes - b.reserved
-		if free >= min(want, b.maxBytes) && b.maxCount-b.count >= (b.maxCount+3)/4 {
-			grant := min(free, want)
-			if b.avg > 0 {
-				grant = min(grant, max(int64(b.maxCount-b.count)*(b.avg+recordOverhead), 4<<10))
-			}
-			b.reserved += grant
-			b.mu.Unlock()
-			return grant, nil
-		}
+		grant, first, ok := b.tryReserveLocked(want, lane)
 		ch := b.space
 		b.mu.Unlock()
+		if ok {
+			return grant, first, nil
+		}
 		select {
 		case <-ctx.Done():
-			return 0, ctx.Err()
+			return 0, nil, ctx.Err()
 		case <-ch:
 		}
 	}
+}
+
+// tryReserveLocked is reserve without the wait; b.mu held.
+func (b *buffer) tryReserveLocked(want int64, lane *fetcher) (grant int64, first *partition, ok bool) {
+	mine := lane != nil && b.claim.lane == lane
+	if b.claim.lane != nil && !mine {
+		return 0, nil, false
+	}
+	need := min(want, b.maxBytes)
+	if mine {
+		need = min(max(need, b.claim.size), b.maxBytes)
+	}
+	free := b.maxBytes - b.bytes - b.reserved
+	if free < need || b.maxCount-b.count < (b.maxCount+3)/4 {
+		return 0, nil, false
+	}
+	grant = min(free, want)
+	if b.avg > 0 {
+		grant = min(grant, max(int64(b.maxCount-b.count)*(b.avg+recordOverhead), 4<<10))
+	}
+	if mine {
+		grant, first = max(grant, need), b.claim.part
+		b.claim = claim{}
+		b.freed() // the other lanes' turn
+	}
+	b.reserved += grant
+	return grant, first, true
+}
+
+// dropClaim forgets lane's claim (the lane stops).
+func (b *buffer) dropClaim(lane *fetcher) {
+	b.mu.Lock()
+	if b.claim.lane == lane {
+		b.claim = claim{}
+		b.freed()
+	}
+	b.mu.Unlock()
 }
 
 func (b *buffer) chargeLocked(r *record) {
@@ -103,8 +156,10 @@ const recordOverhead = 16
 // (setShares); the caller drops the rest and fetches it again from
 // the first offset not kept. When nothing is held, the first record is
 // kept even if it alone is larger than the budget, so a large record still
-// makes progress. Call publish with the kept records.
-func (b *buffer) admit(grant int64, lists [][]*record) []int {
+// makes progress. The first record that does not fit, if it is larger
+// than grant and the bytes (not the count) kept it out, is claimed for
+// lane (see reserve). Call publish with the kept records.
+func (b *buffer) admit(grant int64, lists [][]*record, lane *fetcher) []int {
 	kept := make([]int, len(lists))
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -135,6 +190,11 @@ func (b *buffer) admit(grant int64, lists [][]*record) []int {
 			}
 			fits := b.count < b.maxCount && b.bytes+b.reserved+r.size <= b.maxBytes
 			if !fits && !(b.count == 0 && b.reserved == 0) {
+				if lane != nil && b.claim.lane == nil && r.size > grant && b.count < b.maxCount {
+					// Larger than what this lane's reserve granted: an
+					// ordinary reserve would not make room for it.
+					b.claim = claim{lane: lane, part: r.part, size: r.size}
+				}
 				return kept
 			}
 			b.chargeLocked(r)

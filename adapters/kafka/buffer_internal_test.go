@@ -36,12 +36,12 @@ func TestAdmitKeepsWhatFits(t *testing.T) {
 		{2000, 1 << 20, []int{1000, 2, 1}}, // everything fits
 	} {
 		b := newBuffer(c.maxCount, c.maxBytes)
-		grant, err := b.reserve(context.Background(), 1<<20)
+		grant, _, err := b.reserve(context.Background(), 1<<20, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
 		lists := [][]*record{recsOf(ps[0], 1000, 100), recsOf(ps[1], 2, 100), recsOf(ps[2], 1, 100)}
-		kept := b.admit(grant, lists)
+		kept := b.admit(grant, lists, nil)
 		for i := range kept {
 			if kept[i] != c.want[i] {
 				t.Fatalf("budget %d/%d: kept %v, want %v", c.maxCount, c.maxBytes, kept, c.want)
@@ -54,8 +54,8 @@ func TestAdmitKeepsWhatFits(t *testing.T) {
 	}
 	// A record larger than the whole budget still goes through alone.
 	b := newBuffer(8, 50)
-	grant, _ := b.reserve(context.Background(), 1<<20)
-	if kept := b.admit(grant, [][]*record{recsOf(ps[0], 3, 100)}); kept[0] != 1 {
+	grant, _, _ := b.reserve(context.Background(), 1<<20, nil)
+	if kept := b.admit(grant, [][]*record{recsOf(ps[0], 3, 100)}, nil); kept[0] != 1 {
 		t.Fatalf("oversize record: kept %v, want 1", kept)
 	}
 }
@@ -67,7 +67,7 @@ func TestTakeRoundRobin(t *testing.T) {
 	ps := []*partition{testPart(g, 0), testPart(g, 1), testPart(g, 2)}
 	for _, p := range ps {
 		rs := recsOf(p, 100, 1)
-		b.admit(0, [][]*record{rs})
+		b.admit(0, [][]*record{rs}, nil)
 		b.publish(p, rs)
 	}
 	out, _ := b.take(time.Now(), 30, 1<<30, nil)
@@ -101,7 +101,7 @@ func TestTakeCountsOutstanding(t *testing.T) {
 			p.wm.Deliver(r.offset)
 			recs = append(recs, r)
 		}
-		b.admit(0, [][]*record{recs})
+		b.admit(0, [][]*record{recs}, nil)
 		b.publish(p, recs)
 		var taken int64 // written by the taker only until purge returns
 		var wg sync.WaitGroup

@@ -28,7 +28,12 @@
 // A fetch is sent only when there is room; of each response the Source
 // keeps only what fits (count and bytes) and drops the rest, fetching it
 // again from its first offset once room frees, so the records it holds
-// never exceed the prefetch, whatever batch sizes the producers use. What
+// never exceed the prefetch, whatever batch sizes the producers use. A
+// record larger than the fetch that brought it, dropped because it did
+// not fit, is fetched again by the same fetcher once there is room for it
+// (the whole prefetch for a record larger than that, which is then held
+// alone), and the other fetcher does not reserve room until then: every
+// record is admitted, after a bounded number of fetches. What
 // is in transit is one response per fetcher and leader broker, at most
 // FetchMaxBytes or one record batch larger than that (Source.Bound). When the route's
 // window is full the buffer stays full and no fetch is sent: slowness

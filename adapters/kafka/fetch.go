@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sync"
 	"time"
 
@@ -21,6 +22,7 @@ import (
 // fetched again from its first offset once room frees.
 func (s *Source) fetchLoop(ctx context.Context, g *generation, parts []*partition) {
 	f := &fetcher{s: s, g: g, parts: parts, leaders: map[*partition]int32{}}
+	defer s.buf.dropClaim(f)
 	for _, p := range parts {
 		if p.retry && p.offset < 0 {
 			// The retry topic holds only work this group owes (its originals
@@ -42,20 +44,24 @@ func (s *Source) fetchLoop(ctx context.Context, g *generation, parts []*partitio
 			}
 			continue
 		}
-		grant, err := s.buf.reserve(ctx, int64(s.cfg.FetchMaxBytes))
+		grant, first, err := s.buf.reserve(ctx, int64(s.cfg.FetchMaxBytes), f)
 		if err != nil {
 			return
 		}
 		// Rotate, so each partition is the first of a request in turn (a
-		// broker lets only the first partition's batch exceed its share).
+		// broker lets only the first partition's batch exceed its share),
+		// and the partition of a record that did not fit last time first.
 		k := round % len(ready)
+		if i := slices.Index(ready, first); i >= 0 {
+			k = i
+		}
 		ready = append(ready[k:], ready[:k]...)
 		lists := f.fetch(ctx, ready, grant)
 		if ctx.Err() != nil {
 			s.buf.unreserve(grant)
 			return
 		}
-		kept := s.buf.admit(grant, lists)
+		kept := s.buf.admit(grant, lists, f)
 		for i, p := range ready {
 			l := lists[i]
 			if kept[i] < len(l) {

@@ -95,3 +95,50 @@ func TestReadyBeforeAttach(t *testing.T) {
 		t.Fatalf("Ready after Close: %v, want ErrClosed", err)
 	}
 }
+
+// TestLargeRecordTwoLanes is issue 24.4: with two fetch lanes, a record
+// that does not fit beside the other lane's reservation (held for that
+// lane's whole long poll) was dropped and fetched again at once, for ever:
+// 2 partitions, a 64 KiB window and one 56 KiB record made 20,000-26,000
+// fetches in 10 s and delivered nothing. A record that did not fit is now
+// claimed by its lane, which fetches it again once it fits, before any
+// other lane reserves; the prefetch bound still holds.
+func TestLargeRecordTwoLanes(t *testing.T) {
+	const parts, big = 2, 56 << 10
+	topic := cluster.Topic(t, "bigrec", parts)
+	group := kafkatest.UniqueName("bigrec")
+	cfg := testConfig(group, topic)
+	cfg.FetchMaxWait = time.Second // the other lane's reservation is held this long when it has nothing
+	window := consumer.WindowPolicy{Messages: 64, Bytes: 64 << 10}
+	src := attachedSource(t, cfg, window)
+	defer src.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := src.Ready(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Both lanes are in their long polls now; the record goes to one.
+	msgs := []kafka.Message{{Key: []byte("big"), Value: make([]byte, big)}}
+	if err := cluster.Produce(ctx, topic, msgs); err != nil {
+		t.Fatal(err)
+	}
+	got := fetchAll(t, src, len(msgs), 10*time.Second, true)
+	st := src.Stats()
+	var large int
+	for _, m := range got {
+		if len(m.Value) == big {
+			large++
+		}
+	}
+	t.Logf("got %d of %d (the large one: %v) in %d fetch requests; peak %d bytes", len(got), len(msgs), large == 1, st.FetchRequests, st.PeakBytes)
+	if large != 1 || len(got) != len(msgs) {
+		t.Fatalf("got %d of %d messages, the %d-byte one %d times, in %d fetch requests (stats %+v)", len(got), len(msgs), big, large, st.FetchRequests, st)
+	}
+	// Idle long polls: one per lane per FetchMaxWait over at most 10 s.
+	if st.FetchRequests > 40 {
+		t.Errorf("%d fetch requests for one record: a lane fetched it again while it could not fit", st.FetchRequests)
+	}
+	if st.PeakBytes > window.Bytes {
+		t.Errorf("peak %d bytes held or reserved, prefetch %d", st.PeakBytes, window.Bytes)
+	}
+}

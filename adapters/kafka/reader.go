@@ -152,7 +152,7 @@ func (s *ReaderSource) pump() {
 	ctx := s.ctx
 	backoff := 20 * time.Millisecond
 	for {
-		grant, err := s.buf.reserve(ctx, 1)
+		grant, _, err := s.buf.reserve(ctx, 1, nil)
 		if err != nil {
 			return
 		}
