@@ -23,18 +23,7 @@ import (
 func (s *Source) fetchLoop(ctx context.Context, g *generation, parts []*partition) {
 	f := &fetcher{s: s, g: g, parts: parts, leaders: map[*partition]int32{}}
 	defer s.buf.dropClaim(f)
-	for _, p := range parts {
-		if p.retry && p.offset < 0 {
-			// The retry topic holds only work this group owes (its originals
-			// are committed): never skip any of it, whatever StartOffset says.
-			p.offset = kafka.FirstOffset
-		}
-		if p.offset >= 0 {
-			// The group's committed offset: nothing new to commit yet.
-			p.wm.Begin(p.offset)
-			p.wm.Committed(p.offset)
-		}
-	}
+	f.begin()
 	for round := 0; ctx.Err() == nil; round++ {
 		now := time.Now()
 		ready, wake := f.ready(ctx, now)
@@ -48,43 +37,73 @@ func (s *Source) fetchLoop(ctx context.Context, g *generation, parts []*partitio
 		if err != nil {
 			return
 		}
-		// Rotate, so each partition is the first of a request in turn (a
-		// broker lets only the first partition's batch exceed its share),
-		// and the partition of a record that did not fit last time first.
-		k := round % len(ready)
-		if i := slices.Index(ready, first); i >= 0 {
-			k = i
-		}
-		ready = append(ready[k:], ready[:k]...)
+		ready = rotate(ready, round, first)
 		lists := f.fetch(ctx, ready, grant)
 		if ctx.Err() != nil {
 			s.buf.unreserve(grant)
 			return
 		}
-		kept := s.buf.admit(grant, lists, f)
-		for i, p := range ready {
-			l := lists[i]
-			if kept[i] < len(l) {
-				p.offset = l[kept[i]].offset // the tail did not fit: read it again
-				clear(l[kept[i]:])
-			}
-			for _, r := range l[:kept[i]] {
-				p.wm.Deliver(r.offset)
-			}
-			if kept[i] == len(l) && p.skip > p.offset && !p.hold.After(time.Now()) {
-				// Everything up to a transaction marker (or a record the
-				// commit's map lists as settled) was kept: the marker's
-				// offset is done too.
-				p.offset = p.skip
-				p.wm.Advance(p.skip)
-			}
-			// This response's only: a later round whose response leaves
-			// the partition out (kfake does, once the response is full)
-			// must not move past records it never kept.
-			p.skip = -1
-			s.stats.fetched.Add(int64(kept[i]))
-			s.stats.dropped.Add(int64(s.buf.publish(p, l[:kept[i]])))
+		f.keep(ready, lists, grant, time.Now())
+	}
+}
+
+// begin sets the fetcher's partitions up before the first fetch.
+func (f *fetcher) begin() {
+	for _, p := range f.parts {
+		if p.retry && p.offset < 0 {
+			// The retry topic holds only work this group owes (its originals
+			// are committed): never skip any of it, whatever StartOffset says.
+			p.offset = kafka.FirstOffset
 		}
+		if p.offset >= 0 {
+			// The group's committed offset: nothing new to commit yet.
+			p.wm.Begin(p.offset)
+			p.wm.Committed(p.offset)
+		}
+	}
+}
+
+// rotate orders a round's partitions so each is the first of a request in
+// turn (a broker lets only the first partition's batch exceed its share),
+// and first (the partition of a record that did not fit last time, see
+// buffer.reserve), when it is among them, first.
+func rotate(ready []*partition, round int, first *partition) []*partition {
+	k := round % len(ready)
+	if i := slices.Index(ready, first); i >= 0 {
+		k = i
+	}
+	return append(ready[k:], ready[:k]...)
+}
+
+// keep admits what fits of one round's responses (lists, one per
+// partition of ready, fetched with grant), delivers it to the partitions'
+// watermarks and queues it; a partition whose tail did not fit reads it
+// again. wall is the time the partitions' holds are measured in.
+func (f *fetcher) keep(ready []*partition, lists [][]*record, grant int64, wall time.Time) {
+	s := f.s
+	kept := s.buf.admit(grant, lists, f)
+	for i, p := range ready {
+		l := lists[i]
+		if kept[i] < len(l) {
+			p.offset = l[kept[i]].offset // the tail did not fit: read it again
+			clear(l[kept[i]:])
+		}
+		for _, r := range l[:kept[i]] {
+			p.wm.Deliver(r.offset)
+		}
+		if kept[i] == len(l) && p.skip > p.offset && !p.hold.After(wall) {
+			// Everything up to a transaction marker (or a record the
+			// commit's map lists as settled) was kept: the marker's
+			// offset is done too.
+			p.offset = p.skip
+			p.wm.Advance(p.skip)
+		}
+		// This response's only: a later round whose response leaves
+		// the partition out (kfake does, once the response is full)
+		// must not move past records it never kept.
+		p.skip = -1
+		s.stats.fetched.Add(int64(kept[i]))
+		s.stats.dropped.Add(int64(s.buf.publish(p, l[:kept[i]])))
 	}
 }
 

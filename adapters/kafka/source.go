@@ -389,18 +389,29 @@ func (s *Source) start(g *kafka.Generation) {
 		old.ending.Store(true)
 	}
 	s.once.Do(func() { close(s.ready) })
-	// Two fetchers, each with half the partitions, so one's round trip
-	// overlaps the other's hand-out (one fetcher alone is bound by round
-	// trips on a real broker), when the partitions split evenly; else one. They run on
-	// gen.ctx, a plain cancel context the commit loop cancels when the
-	// generation ends: a context derived from kafka-go's generation context
-	// costs a goroutine per request.
+	// They run on gen.ctx, a plain cancel context the commit loop cancels
+	// when the generation ends: a context derived from kafka-go's
+	// generation context costs a goroutine per request.
+	for _, parts := range s.lanes(gen.parts) {
+		s.goGen(g, func(context.Context) { s.fetchLoop(gen.ctx, gen, parts) })
+	}
+	s.goGen(g, func(ctx context.Context) {
+		s.commitLoop(ctx, gen)
+	})
+}
+
+// lanes splits a generation's partitions between its fetchers and sets
+// the buffer's shares accordingly. Two fetchers, each with half the
+// partitions, so one's round trip overlaps the other's hand-out (one
+// fetcher alone is bound by round trips on a real broker), when the
+// partitions split evenly; else one.
+func (s *feed) lanes(parts []*partition) [][]*partition {
 	lanes := 1
 	// A lane pays off only when each partition's share of the prefetch
 	// holds a batch: with a small prefetch (a window of 8 over 4 partitions
 	// is 2 records each) two lanes halve what each fetch may keep and the
 	// drain ran at a third of one lane's rate.
-	if n := len(gen.parts); n >= fetchLanes && n%fetchLanes == 0 && s.buf.maxCount >= minLaneShare*n {
+	if n := len(parts); n >= fetchLanes && n%fetchLanes == 0 && s.buf.maxCount >= minLaneShare*n {
 		// Lanes of unequal size would serve the smaller one's partitions
 		// more often (each partition is the first of its lane's requests,
 		// the one a broker lets exceed its share, in turn).
@@ -411,19 +422,16 @@ func (s *Source) start(g *kafka.Generation) {
 	// by rotation alone, and a cap would only make it drop and re-fetch.
 	shares := 1
 	if lanes > 1 {
-		shares = len(gen.parts)
+		shares = len(parts)
 	}
 	s.buf.setShares(shares)
+	out := make([][]*partition, lanes)
 	for lane := range lanes {
-		var parts []*partition
-		for i := lane; i < len(gen.parts); i += lanes {
-			parts = append(parts, gen.parts[i])
+		for i := lane; i < len(parts); i += lanes {
+			out[lane] = append(out[lane], parts[i])
 		}
-		s.goGen(g, func(context.Context) { s.fetchLoop(gen.ctx, gen, parts) })
 	}
-	s.goGen(g, func(ctx context.Context) {
-		s.commitLoop(ctx, gen)
-	})
+	return out
 }
 
 func (s *Source) goGen(g *kafka.Generation, fn func(ctx context.Context)) {
