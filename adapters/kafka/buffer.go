@@ -3,6 +3,7 @@ package kafkaadapter
 import (
 	"container/heap"
 	"context"
+	"slices"
 	"sync"
 	"time"
 )
@@ -29,9 +30,11 @@ type buffer struct {
 	avg      int64 // average size of the records admitted
 	shares   int   // partitions sharing the message slots (1: no cap)
 	// claim is a record a fetcher dropped because it did not fit: until
-	// that fetcher reserves room for it, no other fetcher reserves (see
+	// that fetcher reserves room for it, no other fetcher reserves;
+	// waiting are the fetchers waiting to reserve, served in turn (see
 	// reserve).
-	claim claim
+	claim   claim
+	waiting []*fetcher
 
 	wake  chan struct{} // cap 1: something became ready
 	space chan struct{} // closed (and replaced) when room frees
@@ -78,6 +81,11 @@ type claim struct {
 // batch of). So reservations of other lanes, each held for a long poll,
 // cannot keep a large record out for ever, and a lane does not fetch a
 // record again and again while it cannot fit.
+//
+// Lanes that wait reserve in turn: a lane that returns its grant and
+// reserves again at once does not take the room another lane waits for
+// (with FetchMaxBytes above half the prefetch, one lane's long polls kept
+// the other out for good).
 func (b *buffer) reserve(ctx context.Context, want int64, lane *fetcher) (int64, *partition, error) {
 	for {
 		b.mu.Lock()
@@ -98,7 +106,8 @@ func (b *buffer) reserve(ctx context.Context, want int64, lane *fetcher) (int64,
 // tryReserveLocked is reserve without the wait; b.mu held.
 func (b *buffer) tryReserveLocked(want int64, lane *fetcher) (grant int64, first *partition, ok bool) {
 	mine := lane != nil && b.claim.lane == lane
-	if b.claim.lane != nil && !mine {
+	if lane != nil && !mine && (b.claim.lane != nil || len(b.waiting) > 0 && b.waiting[0] != lane) {
+		b.wait(lane) // another lane's turn
 		return 0, nil, false
 	}
 	need := min(want, b.maxBytes)
@@ -107,6 +116,9 @@ func (b *buffer) tryReserveLocked(want int64, lane *fetcher) (grant int64, first
 	}
 	free := b.maxBytes - b.bytes - b.reserved
 	if free < need || b.maxCount-b.count < (b.maxCount+3)/4 {
+		if lane != nil {
+			b.wait(lane)
+		}
 		return 0, nil, false
 	}
 	grant = min(free, want)
@@ -116,19 +128,40 @@ func (b *buffer) tryReserveLocked(want int64, lane *fetcher) (grant int64, first
 	if mine {
 		grant, first = max(grant, need), b.claim.part
 		b.claim = claim{}
-		b.freed() // the other lanes' turn
+	}
+	if b.unwait(lane) || mine {
+		b.freed() // the next lane's turn
 	}
 	b.reserved += grant
 	return grant, first, true
 }
 
-// dropClaim forgets lane's claim (the lane stops).
-func (b *buffer) dropClaim(lane *fetcher) {
+// wait queues lane for its turn to reserve; b.mu held.
+func (b *buffer) wait(lane *fetcher) {
+	if !slices.Contains(b.waiting, lane) {
+		b.waiting = append(b.waiting, lane)
+	}
+}
+
+// unwait takes lane out of the queue and reports whether others wait
+// behind it; b.mu held.
+func (b *buffer) unwait(lane *fetcher) bool {
+	i := slices.Index(b.waiting, lane)
+	if i < 0 {
+		return false
+	}
+	b.waiting = slices.Delete(b.waiting, i, i+1)
+	return len(b.waiting) > 0
+}
+
+// leave forgets lane's claim and its turn (the lane stops).
+func (b *buffer) leave(lane *fetcher) {
 	b.mu.Lock()
 	if b.claim.lane == lane {
 		b.claim = claim{}
-		b.freed()
 	}
+	b.unwait(lane)
+	b.freed()
 	b.mu.Unlock()
 }
 

@@ -105,11 +105,7 @@ func (s *feed) convert(p *partition, kr *kafka.Record, now time.Time) (*record, 
 	}
 	r := newRecord(p, kr.Offset, key, value, kr.Headers, kr.Time)
 	if p.retry {
-		var seen time.Time
-		if p.waitOff == kr.Offset {
-			seen = p.waitSince // re-read after waiting for it: anchored at the first read
-		}
-		res := parseRetry(r, now, seen, s.maxDelay(), s.cfg.Topics)
+		res := parseRetry(r, now, p.seen(kr.Offset), s.maxDelay(), s.cfg.Topics)
 		r.clamped = res.clamped // counted once, by dueRetries
 		if res.refused {
 			s.stats.retryOriginRefused.Add(1)

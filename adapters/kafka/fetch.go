@@ -22,7 +22,7 @@ import (
 // fetched again from its first offset once room frees.
 func (s *Source) fetchLoop(ctx context.Context, g *generation, parts []*partition) {
 	f := &fetcher{s: s, g: g, parts: parts, leaders: map[*partition]int32{}}
-	defer s.buf.dropClaim(f)
+	defer s.buf.leave(f)
 	f.begin()
 	for round := 0; ctx.Err() == nil; round++ {
 		now := time.Now()
@@ -389,23 +389,58 @@ const maxRetryHold = time.Second
 // is kept, or when the partition starts waiting for it.
 func (s *feed) dueRetries(p *partition, recs []*record, now, wall time.Time) []*record {
 	for i, r := range recs {
+		first := !p.waiting || p.waitOff != r.offset
 		if wait := r.due.Sub(now); wait > 0 {
-			if p.waitSince.IsZero() || p.waitOff != r.offset {
-				p.waitOff, p.waitSince = r.offset, now
-				if r.clamped {
-					s.stats.retryClamped.Add(1)
-				}
+			if first && r.clamped {
+				s.stats.retryClamped.Add(1)
 			}
+			p.waitOff, p.waiting = r.offset, true
+			p.sight(r.offset, recs[len(recs)-1].offset, now)
 			p.offset = r.offset
 			p.hold = wall.Add(min(wait, maxRetryHold))
 			clear(recs[i:])
 			return recs[:i]
 		}
-		if r.clamped && (p.waitSince.IsZero() || p.waitOff != r.offset) {
+		if first && r.clamped {
 			s.stats.retryClamped.Add(1)
 		}
+		p.waiting = false
 	}
 	return recs
+}
+
+// sighting says that a retry partition read every offset up to off by at.
+type sighting struct {
+	off int64
+	at  time.Time
+}
+
+// maxSightings bounds a partition's sightings: records read after that
+// many responses are anchored at their own timestamp, or when the
+// partition waits for them.
+const maxSightings = 32
+
+// sight notes that p, waiting at head, read up to last at now, and
+// forgets what lies below head.
+func (p *partition) sight(head, last int64, now time.Time) {
+	i := 0
+	for i < len(p.sighted) && p.sighted[i].off < head {
+		i++
+	}
+	p.sighted = append(p.sighted[:0], p.sighted[i:]...)
+	if n := len(p.sighted); n < maxSightings && (n == 0 || last > p.sighted[n-1].off) {
+		p.sighted = append(p.sighted, sighting{last, now})
+	}
+}
+
+// seen returns when p first read offset while waiting (zero: not known).
+func (p *partition) seen(offset int64) time.Time {
+	for _, s := range p.sighted {
+		if s.off >= offset {
+			return s.at
+		}
+	}
+	return time.Time{}
 }
 
 func (s *Source) resolve(ctx context.Context, p *partition, which int64) (int64, error) {

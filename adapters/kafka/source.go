@@ -83,11 +83,13 @@ type partition struct {
 	hold     time.Time
 	backoffD time.Duration
 	skip     int64 // one past the transaction markers the last fetch passed over, -1 none
-	// A retry partition waits at waitOff for its not-before, since
-	// waitSince (zero: not waiting): the clamp of a forged not-before is
-	// anchored there, not at each re-read.
-	waitOff   int64
-	waitSince time.Time
+	// A retry partition waits at waitOff for its not-before (waiting: it
+	// did since it read that record first). sighted says when it first
+	// read the records it waits behind: the clamp of a forged not-before
+	// is anchored there, not at each re-read.
+	waitOff int64
+	waiting bool
+	sighted []sighting
 
 	// The buffer's (under its lock): records fetched, not handed out.
 	queue []*record
