@@ -27,8 +27,15 @@ type buffer struct {
 	maxCount int
 	peak     int64
 	peakN    int
-	avg      int64 // average size of the records admitted
-	shares   int   // partitions sharing the message slots (1: no cap)
+	// In-process retries (delayed) have an allowance of their own: they
+	// take from the fetches' budget only beyond retryMaxN messages or
+	// retryMaxBytes (see used).
+	retryN        int
+	retryBytes    int64
+	retryMaxN     int
+	retryMaxBytes int64
+	avg           int64 // average size of the records admitted
+	shares        int   // partitions sharing the message slots (1: no cap)
 	// claim is a record a fetcher dropped because it did not fit: until
 	// that fetcher reserves room for it, no other fetcher reserves;
 	// waiting are the fetchers waiting to reserve, served in turn (see
@@ -40,8 +47,21 @@ type buffer struct {
 	space chan struct{} // closed (and replaced) when room frees
 }
 
-func newBuffer(maxCount int, maxBytes int64) *buffer {
-	return &buffer{maxCount: maxCount, maxBytes: maxBytes, wake: make(chan struct{}, 1), space: make(chan struct{})}
+// newBuffer returns a buffer whose fetches hold at most maxCount records
+// and maxBytes, with an allowance for in-process retries of retryN
+// messages and retryBytes on top.
+func newBuffer(maxCount int, maxBytes int64, retryN int, retryBytes int64) *buffer {
+	return &buffer{maxCount: maxCount, maxBytes: maxBytes, retryMaxN: retryN, retryMaxBytes: retryBytes,
+		wake: make(chan struct{}, 1), space: make(chan struct{})}
+}
+
+// usedLocked returns what the fetches' budget is charged with: the records
+// fetched and queued, and in-process retries beyond their allowance. A
+// poison message whose dead letter cannot be written is nak'd again and
+// again; while such retries wait they do not take the slots of new
+// records, until they hold their whole allowance. b.mu held.
+func (b *buffer) usedLocked() (n int, bytes int64) {
+	return b.count - b.retryN + max(0, b.retryN-b.retryMaxN), b.bytes - b.retryBytes + max(0, b.retryBytes-b.retryMaxBytes)
 }
 
 func (b *buffer) signal() {
@@ -114,8 +134,9 @@ func (b *buffer) tryReserveLocked(want int64, lane *fetcher) (grant int64, first
 	if mine {
 		need = min(max(need, b.claim.size), b.maxBytes)
 	}
-	free := b.maxBytes - b.bytes - b.reserved
-	if free < need || b.maxCount-b.count < (b.maxCount+3)/4 {
+	usedN, used := b.usedLocked()
+	free := b.maxBytes - used - b.reserved
+	if free < need || b.maxCount-usedN < (b.maxCount+3)/4 {
 		if lane != nil {
 			b.wait(lane)
 		}
@@ -123,7 +144,7 @@ func (b *buffer) tryReserveLocked(want int64, lane *fetcher) (grant int64, first
 	}
 	grant = min(free, want)
 	if b.avg > 0 {
-		grant = min(grant, max(int64(b.maxCount-b.count)*(b.avg+recordOverhead), 4<<10))
+		grant = min(grant, max(int64(b.maxCount-usedN)*(b.avg+recordOverhead), 4<<10))
 	}
 	if mine {
 		grant, first = max(grant, need), b.claim.part
@@ -221,9 +242,10 @@ func (b *buffer) admit(grant int64, lists [][]*record, lane *fetcher) []int {
 			if b.shares > 1 && len(r.part.queue)-r.part.qhead+kept[i] >= (b.maxCount+b.shares-1)/b.shares {
 				continue // its share of the slots is taken: the others' turn
 			}
-			fits := b.count < b.maxCount && b.bytes+b.reserved+r.size <= b.maxBytes
-			if !fits && !(b.count == 0 && b.reserved == 0) {
-				if lane != nil && b.claim.lane == nil && r.size > grant && b.count < b.maxCount {
+			usedN, used := b.usedLocked()
+			fits := usedN < b.maxCount && used+b.reserved+r.size <= b.maxBytes
+			if !fits && !(usedN == 0 && b.reserved == 0) {
+				if lane != nil && b.claim.lane == nil && r.size > grant && usedN < b.maxCount {
 					// Larger than what this lane's reserve granted: an
 					// ordinary reserve would not make room for it.
 					b.claim = claim{lane: lane, part: r.part, size: r.size}
@@ -292,21 +314,34 @@ func (b *buffer) publish(p *partition, rs []*record) (dropped int) {
 	return 0
 }
 
-// pushDelayed keeps r until r.due. It may take the buffer over its budget
-// (a Nak must never lose a message); fetches then wait until it drains.
+// pushDelayed keeps r until r.due, in the in-process retries' allowance.
+// Beyond the allowance it takes from the fetches' budget, and may take
+// the buffer over it (a Nak must never lose a message); fetches then wait
+// until it drains.
 func (b *buffer) pushDelayed(r *record) {
 	b.mu.Lock()
 	b.chargeLocked(r)
+	b.retryN++
+	b.retryBytes += r.size
 	heap.Push(&b.delayed, r)
 	b.mu.Unlock()
 	b.signal()
 }
 
-// full reports whether the buffer has no room for r.
+// popDelayedLocked takes the first delayed record out; b.mu held.
+func (b *buffer) popDelayedLocked() *record {
+	r := heap.Pop(&b.delayed).(*record)
+	b.retryN--
+	b.retryBytes -= r.size
+	return r
+}
+
+// full reports whether the in-process retries' allowance has no room for
+// r (a Nak then goes to the retry topic, when there is one).
 func (b *buffer) full(r *record) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.bytes+b.reserved+r.size > b.maxBytes || b.count >= b.maxCount
+	return b.retryBytes+r.size > b.retryMaxBytes || b.retryN >= b.retryMaxN
 }
 
 // take pops up to n records totalling at most maxBytes (the first alone
@@ -336,7 +371,7 @@ func (b *buffer) take(now time.Time, n int, maxBytes int64, out []*record) ([]*r
 	for len(out) < n && len(b.delayed) > 0 && !b.delayed[0].due.After(now) {
 		r := b.delayed[0]
 		if r.part.gen.ending.Load() {
-			heap.Pop(&b.delayed)
+			b.popDelayedLocked()
 			b.releaseLocked(r)
 			released = true
 			continue
@@ -344,7 +379,7 @@ func (b *buffer) take(now time.Time, n int, maxBytes int64, out []*record) ([]*r
 		if !give(r) {
 			break
 		}
-		heap.Pop(&b.delayed)
+		b.popDelayedLocked()
 	}
 	for len(out) < n && len(b.active) > 0 {
 		if b.rr >= len(b.active) {
@@ -401,6 +436,8 @@ func (b *buffer) purge(g *generation) int {
 	for _, r := range b.delayed {
 		if r.part.gen == g {
 			b.releaseLocked(r)
+			b.retryN--
+			b.retryBytes -= r.size
 			dropped++
 			continue
 		}

@@ -35,7 +35,7 @@ func TestAdmitKeepsWhatFits(t *testing.T) {
 		{1000, 640, []int{3, 2, 1}},        // byte-bound (100 B records, one partition shorter)
 		{2000, 1 << 20, []int{1000, 2, 1}}, // everything fits
 	} {
-		b := newBuffer(c.maxCount, c.maxBytes)
+		b := newBuffer(c.maxCount, c.maxBytes, 0, 0)
 		grant, _, err := b.reserve(context.Background(), 1<<20, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -53,7 +53,7 @@ func TestAdmitKeepsWhatFits(t *testing.T) {
 		}
 	}
 	// A record larger than the whole budget still goes through alone.
-	b := newBuffer(8, 50)
+	b := newBuffer(8, 50, 0, 0)
 	grant, _, _ := b.reserve(context.Background(), 1<<20, nil)
 	if kept := b.admit(grant, [][]*record{recsOf(ps[0], 3, 100)}, nil); kept[0] != 1 {
 		t.Fatalf("oversize record: kept %v, want 1", kept)
@@ -63,7 +63,7 @@ func TestAdmitKeepsWhatFits(t *testing.T) {
 // take serves the partitions round robin, whatever order they filled in.
 func TestTakeRoundRobin(t *testing.T) {
 	g := &generation{kick: make(chan struct{}, 1)}
-	b := newBuffer(10000, 1<<30)
+	b := newBuffer(10000, 1<<30, 0, 0)
 	ps := []*partition{testPart(g, 0), testPart(g, 1), testPart(g, 2)}
 	for _, p := range ps {
 		rs := recsOf(p, 100, 1)
@@ -92,7 +92,7 @@ func TestTakeRoundRobin(t *testing.T) {
 // buffer lock.
 func TestTakeCountsOutstanding(t *testing.T) {
 	for range 200 {
-		b := newBuffer(1000, 1<<20)
+		b := newBuffer(1000, 1<<20, 0, 0)
 		g := &generation{kick: make(chan struct{}, 1)}
 		p := &partition{gen: g, wm: NewWatermark()}
 		var recs []*record

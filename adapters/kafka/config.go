@@ -35,8 +35,9 @@ type Config struct {
 	Topics  []string
 
 	// PrefetchMessages and PrefetchBytes bound what the Source holds that
-	// the route's window does not: fetched records not handed out yet and
-	// messages waiting for an in-process retry. 0 means the window's
+	// the route's window does not: fetched records not handed out yet (and
+	// messages waiting for an in-process retry beyond their own allowance,
+	// LocalRetryMessages and LocalRetryBytes). 0 means the window's
 	// numbers. PrefetchBytes is the memory bound; PrefetchMessages only
 	// gates sending a fetch (one is sent while fewer are held), so one fetch
 	// of small records can take the count past it. A fetch is sent only
@@ -85,6 +86,16 @@ type Config struct {
 	// + 1, without blocking its partition). Longer delays go to RetryTopic
 	// when set. 0 means 5 s.
 	LocalRetryMaxDelay time.Duration
+	// LocalRetryMessages and LocalRetryBytes are the allowance of messages
+	// waiting in process for a retry (a Nak), outside the prefetch: while
+	// they wait they do not take the slots of new records, so poison
+	// messages nak'd again and again (their dead letter cannot be written)
+	// do not stop good ones. Beyond it a Nak goes to RetryTopic when there
+	// is one; else it takes from the prefetch (fetching slows, and stops
+	// once they hold it all: a Nak never loses a message). 0 means 16 ×
+	// PrefetchMessages and PrefetchBytes; negative is invalid.
+	LocalRetryMessages int
+	LocalRetryBytes    int64
 	// RetryTopic, when set, receives long retries with a not-before header;
 	// the Source also consumes it (add it to no other Source). "" keeps all
 	// retries in process. A retry partition hands its records out in
@@ -118,7 +129,7 @@ func (c *Config) validate() error {
 		return bad("no GroupID")
 	case len(c.Topics) == 0:
 		return bad("no Topics")
-	case c.PrefetchMessages < 0 || c.PrefetchBytes < 0 || c.FetchMaxBytes < 0:
+	case c.PrefetchMessages < 0 || c.PrefetchBytes < 0 || c.FetchMaxBytes < 0 || c.LocalRetryMessages < 0 || c.LocalRetryBytes < 0:
 		return bad("prefetch sizes must not be negative")
 	case c.FetchMaxWait < 0 || c.PollWait < 0 || c.CommitInterval < 0 || c.LocalRetryMaxDelay < 0:
 		return bad("durations must not be negative")
@@ -160,6 +171,8 @@ func (c *Config) sizeFrom(l consumer.RouteLimits) {
 		c.FetchMaxBytes = int(min(c.PrefetchBytes/4, maxFetchBytes))
 	}
 	c.FetchMaxBytes = int(max(1, min(int64(c.FetchMaxBytes), c.PrefetchBytes)))
+	c.LocalRetryMessages = cmp.Or(c.LocalRetryMessages, 16*c.PrefetchMessages)
+	c.LocalRetryBytes = cmp.Or(c.LocalRetryBytes, c.PrefetchBytes)
 }
 
 // ConfigFromReader builds a Config from a kafka-go group ReaderConfig

@@ -106,12 +106,18 @@
 // value and headers plus Sluice-Retry-Not-Before, -Attempt, -First-Failure,
 // and the origin topic, partition, offset and publish time; the original is
 // settled only after all replicas stored the copy. If that write fails the
-// message stays in process. The Source consumes the retry topic too and
+// message stays in process. Messages waiting in process for a retry have
+// an allowance of their own (Config.LocalRetryMessages, LocalRetryBytes),
+// outside the prefetch: poison messages nak'd again and again while their
+// dead letter cannot be written do not take the slots of new records.
+// Beyond the allowance a Nak goes to the retry topic, or (without one)
+// takes from the prefetch. The Source consumes the retry topic too and
 // holds each retry until its not-before.
 //
 // A retry record's headers are untrusted: a not-before further out than
-// the longest delay the route asks for is clamped to it
-// (Stats.RetryClamped), and an origin topic that is not one of the
+// the longest delay the route asks for after the record was written (its
+// timestamp, or when the Source first read it if that is earlier) is
+// clamped to that (Stats.RetryClamped), and an origin topic that is not one of the
 // Source's topics is ignored (RetryOriginRefused), so a forged or skewed
 // record can neither hold its partition back nor steer where its dead
 // letter or replay goes. Retry copies are only ever written to RetryTopic.

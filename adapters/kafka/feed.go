@@ -72,7 +72,7 @@ func (f *feed) attach(l consumer.RouteLimits, start func()) (consumer.SourceInfo
 	}
 	f.limits = l
 	f.cfg.sizeFrom(l)
-	f.buf = newBuffer(f.cfg.PrefetchMessages, f.cfg.PrefetchBytes)
+	f.buf = newBuffer(f.cfg.PrefetchMessages, f.cfg.PrefetchBytes, f.cfg.LocalRetryMessages, f.cfg.LocalRetryBytes)
 	f.attached.Store(true)
 	f.started.Store(true)
 	start()
@@ -269,7 +269,8 @@ func (r *record) Revoked() bool { return r.part.gen.ending.Load() }
 
 // nak puts the message back for another attempt without blocking its
 // partition: in process for delays up to LocalRetryMaxDelay, otherwise
-// (and when the buffer is full) through the retry topic if there is one.
+// (and when the in-process retries' allowance is full) through the retry
+// topic if there is one.
 // The original is settled only after the retry topic acknowledged the copy;
 // a failed write keeps it in process. A message whose generation is over
 // is dropped: it is not committed, so it is delivered again.

@@ -3,6 +3,7 @@ package kafkaadapter_test
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	kafkaadapter "github.com/sluice-go/sluice/adapters/kafka"
 	"github.com/sluice-go/sluice/adapters/kafka/kafkatest"
 	"github.com/sluice-go/sluice/consumer"
+	"github.com/sluice-go/sluice/dlq"
 )
 
 // TestForgedNotBeforeBecomesDue is issue 24.3: a retry-topic record whose
@@ -140,5 +142,69 @@ func TestLargeRecordTwoLanes(t *testing.T) {
 	}
 	if st.PeakBytes > window.Bytes {
 		t.Errorf("peak %d bytes held or reserved, prefetch %d", st.PeakBytes, window.Bytes)
+	}
+}
+
+// TestPoisonWithDLQDownKeepsFlowing is issue 24.10 on Kafka: with the
+// dead-letter sink refusing every write, each poison record is nak'd again
+// and again and waits in the Source for its next letter attempt. Those
+// waits took the prefetch's message slots, so once about a prefetch's worth
+// of poison records waited, no fetch was sent and good records stopped
+// (kfake: 2,700-3,300 of 5,820 good after 60 s). In-process retries now
+// have an allowance of their own (Config.LocalRetryMessages and
+// LocalRetryBytes), outside the prefetch: 3 % poison with a window of 32
+// leaves good traffic flowing.
+func TestPoisonWithDLQDownKeepsFlowing(t *testing.T) {
+	t.Run("refusing", func(t *testing.T) {
+		poisonWithDLQDown(t, dlq.SinkFunc(func(context.Context, *dlq.Letter) error { return errors.New("dlq down") }))
+	})
+	t.Run("topic missing", func(t *testing.T) {
+		sink, err := kafkaadapter.NewDeadLetterSink(cluster.Kafka(), kafkatest.UniqueName("no-such-dlq"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer sink.Close()
+		poisonWithDLQDown(t, sink)
+	})
+}
+
+func poisonWithDLQDown(t *testing.T, sink dlq.Sink) {
+	const n, every = 3000, 33 // 91 poison records, about three windows' worth
+	topic := cluster.Topic(t, "poisondlq", 2)
+	group := kafkatest.UniqueName("poisondlq")
+	produceN(t, topic, n, 16, nil)
+	var good, letters atomic.Int64
+	route := consumer.Route{
+		Workers: 8,
+		Window:  consumer.WindowPolicy{Messages: 32, Bytes: 1 << 20},
+		Retry:   consumer.RetryPolicy{BaseDelay: 50 * time.Millisecond, MaxDelay: time.Second},
+		Handler: func(_ context.Context, m *consumer.Message) error {
+			if msgIndex(m)%every == 0 {
+				return consumer.Permanent(errors.New("poison"))
+			}
+			good.Add(1)
+			return nil
+		},
+		DeadLetter: consumer.DeadLetterPolicy{Sink: dlq.SinkFunc(func(ctx context.Context, l *dlq.Letter) error {
+			letters.Add(1)
+			if err := sink.Write(ctx, l); err != nil {
+				return err
+			}
+			t.Errorf("letter of %s/%d@%d written: the DLQ is down", l.Origin.Topic, l.Origin.Partition, l.Origin.Offset)
+			return nil
+		})},
+	}
+	m := startMember(t, testConfig(group, topic), route)
+	defer m.stop(t)
+	want := int64(n - (n+every-1)/every)
+	deadline := time.Now().Add(60 * time.Second)
+	for good.Load() < want && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	st := m.src.Stats()
+	t.Logf("good %d of %d, %d failed letter writes, local retries %d, buffered %d (peak %d records)",
+		good.Load(), want, letters.Load(), st.LocalRetries, st.Buffered, st.PeakBuffered)
+	if good.Load() < want {
+		t.Fatalf("%d of %d good records handled in 60 s with the DLQ down: the poison's letter retries held the prefetch", good.Load(), want)
 	}
 }

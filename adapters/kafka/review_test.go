@@ -157,6 +157,16 @@ func TestGroupErrorSurfaces(t *testing.T) {
 		t.Fatalf("RevokeGrace not below RebalanceTimeout: got %v, want ErrInvalidOption", err)
 	}
 	cfg.RevokeGrace = 500 * time.Millisecond
+	for _, bad := range []func(*kafkaadapter.Config){
+		func(c *kafkaadapter.Config) { c.LocalRetryMessages = -1 },
+		func(c *kafkaadapter.Config) { c.LocalRetryBytes = -1 },
+	} {
+		c := cfg
+		bad(&c)
+		if _, err := kafkaadapter.NewSource(c); !errors.Is(err, consumer.ErrInvalidOption) {
+			t.Fatalf("a negative in-process retry allowance: got %v, want ErrInvalidOption", err)
+		}
+	}
 	cfg.SessionTimeout = time.Second // below the broker's 6 s minimum
 	src := attachedSource(t, cfg, testWindow)
 	defer src.Close()

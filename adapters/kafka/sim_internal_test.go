@@ -36,18 +36,20 @@ import (
 //     route's longest delay after it was written, included);
 //   - the prefetch bound: the records fetched and queued plus the room
 //     reserved for fetches in flight never exceed the prefetch (one record
-//     larger than it alone excepted); with the naks held for an in-process
-//     retry and what the route holds, never more than prefetch + window +
-//     one record;
+//     larger than it alone excepted); with the in-process retries (naks)
+//     and what the route holds, never more than prefetch + the retries'
+//     allowance + window + one record;
 //   - a commit never passes an offset that is not settled;
 //   - the settled-offset map of a commit never names an unsettled offset;
 //   - a generation never hands out an offset it has handed out and not
 //     settled; a retry record is not handed out before its not-before.
 //
-// SLUICE_SIM_SEEDS sets how many seeds run (default 1000), SLUICE_SIM_SEED
-// runs one seed with a trace of its steps.
+// SLUICE_SIM_SEEDS sets how many seeds run (default 1000, 200 under -race),
+// SLUICE_SIM_SEED runs one seed with a trace of its steps. A failing seed
+// is reported with its configuration, where each partition stands, the
+// last steps, and the command that replays it.
 func TestSimulation(t *testing.T) {
-	seeds, first := 1000, 0
+	seeds, first := simSeeds, 0
 	if v := os.Getenv("SLUICE_SIM_SEEDS"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n <= 0 {
@@ -69,8 +71,11 @@ func TestSimulation(t *testing.T) {
 		err := m.run()
 		fetches, steps, records = fetches+m.fetches, steps+m.steps, records+m.records()
 		if err != nil {
-			t.Fatalf("seed %d: %v\n%s\nreplay: SLUICE_SIM_SEED=%d go test ./adapters/kafka -run TestSimulation -v",
-				seed, err, m.config(), seed)
+			again := newSim(uint64(seed), false)
+			again.keepLog = true
+			_ = again.run() // deterministic: the same failure, with its last steps
+			t.Fatalf("seed %d (after %d seeds): %v\n%s\nreplay: SLUICE_SIM_SEED=%d go test ./adapters/kafka -run TestSimulation -v",
+				seed, seed-first+1, err, again.config(), seed)
 		}
 	}
 	t.Logf("%d seeds (%d..%d): %d records, %d fetches, %d steps", seeds, first, first+seeds-1, records, fetches, steps)
@@ -167,10 +172,11 @@ type simClock struct{ m *sim }
 func (c simClock) Now() time.Time { return c.m.now }
 
 type sim struct {
-	seed  uint64
-	rng   *rand.Rand
-	trace bool
-	log   []string
+	seed    uint64
+	rng     *rand.Rand
+	trace   bool // print each step
+	keepLog bool // keep the last steps for the failure report
+	log     []string
 
 	now     time.Time
 	start   time.Time
@@ -185,6 +191,7 @@ type sim struct {
 	gens    int
 
 	committed  []simCommit
+	verified   []int64 // per log: every record below it is settled
 	settled    []map[int64]bool
 	held       []*simHeld
 	heldBytes  int64
@@ -212,6 +219,10 @@ func newSim(seed uint64, trace bool) *sim {
 	if rng.IntN(3) == 0 {
 		cfg.FetchMaxBytes = 1 + rng.IntN(int(m.limits.Bytes))
 	}
+	if rng.IntN(3) == 0 {
+		cfg.LocalRetryMessages = 1 + rng.IntN(8)
+		cfg.LocalRetryBytes = int64(1 + rng.IntN(int(m.limits.Bytes)))
+	}
 	nParts := 1 + rng.IntN(4)
 	if rng.IntN(2) == 0 {
 		cfg.RetryTopic = "retry"
@@ -220,7 +231,7 @@ func newSim(seed uint64, trace bool) *sim {
 	s.feed.init(cfg)
 	s.limits = m.limits
 	s.cfg.sizeFrom(m.limits)
-	s.buf = newBuffer(s.cfg.PrefetchMessages, s.cfg.PrefetchBytes)
+	s.buf = newBuffer(s.cfg.PrefetchMessages, s.cfg.PrefetchBytes, s.cfg.LocalRetryMessages, s.cfg.LocalRetryBytes)
 	s.attached.Store(true)
 	m.s = s
 	for i := range nParts {
@@ -235,6 +246,7 @@ func newSim(seed uint64, trace bool) *sim {
 		}
 	}
 	m.committed = make([]simCommit, len(m.logs))
+	m.verified = make([]int64, len(m.logs))
 	m.settled = make([]map[int64]bool, len(m.logs))
 	for i := range m.settled {
 		m.settled[i] = map[int64]bool{}
@@ -342,6 +354,9 @@ func (m *sim) config() string {
 }
 
 func (m *sim) tracef(format string, args ...any) {
+	if !m.trace && !m.keepLog {
+		return // a failing seed is played again with its log kept
+	}
 	if !m.trace && len(m.log) > 200 {
 		m.log = m.log[100:]
 	}
@@ -465,11 +480,13 @@ func (m *sim) laneStep(l *simLane) {
 	} else {
 		l.due = m.now.Add(m.s.cfg.FetchMaxWait) // a long poll, its grant held all along
 	}
-	var which []string
-	for _, p := range l.ready {
-		which = append(which, fmt.Sprintf("%s/%d@%d", p.topic, p.id, p.offset))
+	if m.trace || m.keepLog {
+		var which []string
+		for _, p := range l.ready {
+			which = append(which, fmt.Sprintf("%s/%d@%d", p.topic, p.id, p.offset))
+		}
+		m.tracef("lane %p fetches %v with grant %d: %d records", l.f, which, grant, n)
 	}
-	m.tracef("lane %p fetches %v with grant %d: %d records", l.f, which, grant, n)
 }
 
 // respond is the broker: from each partition's offset, whole batches
@@ -607,11 +624,12 @@ func (m *sim) commit() error {
 		if off < m.committed[li].off {
 			return fmt.Errorf("commit of %s/%d went back from %d to %d", l.topic, l.id, m.committed[li].off, off)
 		}
-		for o := int64(0); o < off; o++ {
+		for o := m.verified[li]; o < off; o++ { // below verified: checked by an earlier commit (settled stays settled)
 			if r := l.recs[o]; r != nil && !r.control && !m.settled[li][o] {
 				return fmt.Errorf("commit of %s/%d at %d passes offset %d, which is not settled", l.topic, l.id, off, o)
 			}
 		}
+		m.verified[li] = max(m.verified[li], off)
 		for _, rg := range decodeSettled(off, meta) {
 			for o := rg.lo; o < rg.hi; o++ {
 				if r := l.recs[o]; r != nil && !r.control && !m.settled[li][o] {
@@ -648,12 +666,17 @@ func (m *sim) bound() error {
 	if queued+delayed != b.bytes {
 		return fmt.Errorf("buffer counts %d bytes, holds %d queued + %d delayed", b.bytes, queued, delayed)
 	}
+	if delayed != b.retryBytes || len(b.delayed) != b.retryN {
+		return fmt.Errorf("buffer counts %d retries / %d bytes, holds %d / %d", b.retryN, b.retryBytes, len(b.delayed), delayed)
+	}
+	// A Nak may take the buffer over (it never loses a message): fetches
+	// then wait; what was fetched stays within the prefetch.
 	if queued+b.reserved > b.maxBytes && !(queuedN == 1 && b.reserved == 0) {
 		return fmt.Errorf("buffer holds %d bytes in %d fetched records and %d reserved: above the prefetch %d", queued, queuedN, b.reserved, b.maxBytes)
 	}
-	if all := b.bytes + b.reserved + m.heldBytes; all > b.maxBytes+m.limits.Bytes+m.maxRec {
-		return fmt.Errorf("held %d bytes (buffer %d, reserved %d, route %d): above prefetch %d + window %d + one record %d",
-			all, b.bytes, b.reserved, m.heldBytes, b.maxBytes, m.limits.Bytes, m.maxRec)
+	if all := b.bytes + b.reserved + m.heldBytes; all > b.maxBytes+b.retryMaxBytes+m.limits.Bytes+m.maxRec {
+		return fmt.Errorf("held %d bytes (buffer %d, reserved %d, route %d): above prefetch %d + retries' allowance %d + window %d + one record %d",
+			all, b.bytes, b.reserved, m.heldBytes, b.maxBytes, b.retryMaxBytes, m.limits.Bytes, m.maxRec)
 	}
 	return nil
 }
@@ -662,13 +685,9 @@ func (m *sim) bound() error {
 // committed to its end.
 func (m *sim) done() bool {
 	for i, l := range m.logs {
-		if m.committed[i].off != l.next {
+		// A commit at the end verified every record below it settled.
+		if m.committed[i].off != l.next || m.verified[i] < l.next {
 			return false
-		}
-		for o, r := range l.recs {
-			if !r.control && !m.settled[i][o] {
-				return false
-			}
 		}
 	}
 	return true

@@ -326,9 +326,11 @@ func (s *Source) Assigned() map[string][]int {
 // batch the producers write (0: none above FetchMaxBytes), brokers how
 // many brokers lead the partitions it reads.
 //
-// Messages a Nak puts back for an in-process retry may take the held
-// records past the prefetch, by at most what the route window held (they
-// came out of it); fetches then wait until the buffer drains.
+// Messages a Nak puts back for an in-process retry come on top, within
+// their own allowance (Config.LocalRetryBytes and LocalRetryMessages);
+// beyond it they take from the prefetch and may take the held records
+// past it, by at most what the route window held (they came out of it);
+// fetches then wait until the buffer drains.
 func (s *Source) Bound(maxBatch int64, brokers int) int64 {
 	return s.cfg.PrefetchBytes + fetchLanes*int64(max(brokers, 1))*max(int64(s.cfg.FetchMaxBytes), maxBatch)
 }
