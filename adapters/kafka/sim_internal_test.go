@@ -42,7 +42,9 @@ import (
 //   - a commit never passes an offset that is not settled;
 //   - the settled-offset map of a commit never names an unsettled offset;
 //   - a generation never hands out an offset it has handed out and not
-//     settled; a retry record is not handed out before its not-before.
+//     settled; a retry record is not handed out before its not-before;
+//   - in-process retries within their allowance never keep a fetch back
+//     (issue 24.10: poison messages whose dead letter cannot be written).
 //
 // SLUICE_SIM_SEEDS sets how many seeds run (default 1000, 200 under -race),
 // SLUICE_SIM_SEED runs one seed with a trace of its steps. A failing seed
@@ -673,6 +675,24 @@ func (m *sim) bound() error {
 	// then wait; what was fetched stays within the prefetch.
 	if queued+b.reserved > b.maxBytes && !(queuedN == 1 && b.reserved == 0) {
 		return fmt.Errorf("buffer holds %d bytes in %d fetched records and %d reserved: above the prefetch %d", queued, queuedN, b.reserved, b.maxBytes)
+	}
+	// In-process retries within their allowance (poison messages waiting
+	// for a dead letter that cannot be written) do not keep fetches back:
+	// with nothing queued or reserved, some lane can fetch.
+	if queuedN == 0 && b.reserved == 0 && b.retryN <= b.retryMaxN && b.retryBytes <= b.retryMaxBytes && len(m.lanes) > 0 {
+		stuck := true
+		for _, l := range m.lanes {
+			select {
+			case <-l.space: // about to try again
+				stuck = false
+			default:
+				stuck = stuck && l.state == laneBlocked
+			}
+		}
+		if stuck {
+			return fmt.Errorf("every lane waits to reserve with nothing queued or reserved and %d in-process retries (%d B) within their allowance %d / %d B",
+				b.retryN, b.retryBytes, b.retryMaxN, b.retryMaxBytes)
+		}
 	}
 	if all := b.bytes + b.reserved + m.heldBytes; all > b.maxBytes+b.retryMaxBytes+m.limits.Bytes+m.maxRec {
 		return fmt.Errorf("held %d bytes (buffer %d, reserved %d, route %d): above prefetch %d + retries' allowance %d + window %d + one record %d",
