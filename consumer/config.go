@@ -57,8 +57,16 @@ type Route struct {
 	// Source is the route's subscription (see adapters/nats and
 	// adapters/kafka). Required; one Source serves one route.
 	Source Source
-	// Handler processes each message. Required.
+	// Handler processes each message. Required, unless BatchHandler is set
+	// instead.
 	Handler Handler
+	// BatchHandler, set instead of Handler, processes messages in batches
+	// (see Batch and BatchPolicy): one bulk write for many messages, each
+	// keeping its own deadline, outcome, window slot and order.
+	BatchHandler BatchHandler
+	// Batch bounds the batches of a BatchHandler; its zero value needs no
+	// tuning. Ignored with Handler.
+	Batch BatchPolicy
 
 	// Workers is the fixed number of goroutines running Handler: no
 	// goroutine per message. 0 means DefaultWorkers; at most MaxWorkers.
@@ -427,6 +435,9 @@ func (r Route) withDefaults() Route {
 	if r.Workers == 0 {
 		r.Workers = DefaultWorkers
 	}
+	if r.BatchHandler != nil {
+		r = r.batchDefaults()
+	}
 	if r.Window.Messages == 0 && r.Window.Cost.Enabled() {
 		// In units: 100 per worker (100 ms of work each, at 1 ms a unit).
 		r.Window.Messages = min(100*r.Workers, MaxWindowMessages)
@@ -472,8 +483,10 @@ func (r *Route) validate() error {
 		return fmt.Errorf("%w: route name is empty", ErrInvalidOption)
 	case isNil(r.Source):
 		return bad("Source is nil")
-	case r.Handler == nil:
+	case r.Handler == nil && r.BatchHandler == nil:
 		return bad("Handler is nil")
+	case r.Handler != nil && r.BatchHandler != nil:
+		return bad("set Handler or BatchHandler, not both")
 	case r.Workers < 0 || r.Workers > MaxWorkers:
 		return bad("Workers must be 0 (default %d) to %d, got %d", DefaultWorkers, MaxWorkers, r.Workers)
 	case r.Window.Messages < 0 || r.Window.Messages > MaxWindowMessages:
@@ -521,6 +534,9 @@ func (r *Route) validate() error {
 	}
 	if err := r.Expiry.Validate(); err != nil {
 		return fmt.Errorf("route %q: %w", r.Name, err)
+	}
+	if r.BatchHandler != nil {
+		return r.validateBatch()
 	}
 	return nil
 }

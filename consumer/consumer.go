@@ -37,6 +37,7 @@ type route struct {
 	clock     Clock
 	queue     *queue
 	order     *orderer // nil on an Unordered route
+	batch     *batcher // nil on a route with a Handler
 	held      inflight
 	c         counters
 	obs       RouteObserver
@@ -139,7 +140,7 @@ func New(opts Options, routes ...Route) (*Consumer, error) {
 		if err != nil {
 			return nil, err
 		}
-		if given.Window.Messages == 0 && given.Overload.AdaptiveLimit == nil && !given.Window.Cost.Enabled() {
+		if given.Window.Messages == 0 && given.Overload.AdaptiveLimit == nil && !given.Window.Cost.Enabled() && given.BatchHandler == nil {
 			// The default window finds its size (drainWindow).
 			d := &r.drain
 			d.on, d.minFetch = true, given.Window.MinFetch == 0
@@ -182,6 +183,9 @@ func newRoute(cfg Route, clock Clock, opts Options) (*route, error) {
 	r.pressure, _ = backpressure.NewPressureGauge(backpressure.PressureOptions{}, r.pressureSignals)
 	if cfg.Ordering != Unordered {
 		r.order = newOrderer(r)
+	}
+	if cfg.BatchHandler != nil {
+		r.batch = newBatcher(r)
 	}
 	r.log.init(cfg.Name, opts.Logger, opts.LogInterval)
 	r.health.stuckAfter = opts.Health.StuckAfter
@@ -291,6 +295,7 @@ func (r *route) stats() RouteStats {
 	}
 	s.Order = r.orderStats()
 	s.Health = r.healthAt(time.Now())
+	s.Batch = r.batchStats()
 	return s
 }
 

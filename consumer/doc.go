@@ -169,6 +169,35 @@
 // duplicate: a message redelivered after a lost acknowledgement
 // (at-least-once) may run again after its key's later messages.
 //
+// # Batches
+//
+// A route with a BatchHandler (instead of a Handler) runs messages in
+// batches, for work that is fast in bulk: one COPY of 500 rows instead of
+// 500 INSERTs. A batch is messages that travel together; each keeps the
+// contract above on its own:
+//
+//   - Outcome: the handler's nil settles each message as succeeded, its
+//     error is applied to each, and Batch.Fail marks single messages
+//     (Permanent, backpressure.Overloaded, or retryable), each then settled
+//     through the table above with its own attempts, dead letter (written
+//     before the Term) and last-delivery rules.
+//   - Window: messages in a forming or a running batch hold their window
+//     slots until each is settled; each worker runs one batch at a time.
+//   - Deadlines: a message that cannot finish in time is settled as
+//     expired before its batch runs (0 handler runs for it); a batch is cut
+//     so that its predicted end (learned per route as a fixed cost plus a
+//     cost per message: RouteStats.Batch) comes before its earliest
+//     deadline, which the handler's ctx carries.
+//   - Order: with ByKey or ByPartition a batch holds each key's messages in
+//     delivery order. When one fails, its key's later messages in the
+//     batch are held, not settled: never acked ahead of it, they run again
+//     in a later batch once it is settled (retried in place, dead-lettered
+//     or expired), without counting an attempt. A handler that writes them
+//     anyway sees them again: write idempotently.
+//
+// See BatchPolicy for the sizes and the linger, and examples/bulkinsert for
+// PostgreSQL.
+//
 // # Overload control
 //
 // Every OverloadPolicy option is off at its zero value and then costs

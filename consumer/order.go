@@ -123,6 +123,10 @@ type keyState struct {
 	wait  []*Message // after head, in delivery order; wait[whead:] are live
 	whead int
 	n     int // head and wait
+	// riders are the messages after head that run in head's batch, in
+	// delivery order (a BatchHandler route: batch.go); each becomes the
+	// head in turn as the one before it is settled.
+	riders []*Message
 }
 
 func newOrderer(r *route) *orderer {
@@ -302,7 +306,10 @@ func (o *orderer) release(m *Message) {
 			delete(o.delayed, m)
 		}
 		k.head = nil
-		if k.whead < len(k.wait) {
+		if len(k.riders) > 0 {
+			// Already in the batch that ran m: it is settled from there.
+			k.head, k.riders = k.riders[0], k.riders[1:]
+		} else if k.whead < len(k.wait) {
 			next = k.wait[k.whead]
 			k.wait[k.whead] = nil
 			k.whead++
@@ -315,7 +322,8 @@ func (o *orderer) release(m *Message) {
 	} else {
 		// Settled out of turn: expired by the reaper while it waited
 		// (takeLate took it out of the list already), or abandoned by a
-		// shutdown.
+		// shutdown; or a batch's rider settled before its head (batch.go).
+		k.riders = dropRider(k.riders, m)
 		for i := k.whead; i < len(k.wait); i++ {
 			if k.wait[i] == m {
 				k.wait = append(k.wait[:i], k.wait[i+1:]...)

@@ -16,6 +16,10 @@ import (
 // work is worker w: it takes queued messages until the queue is closed and
 // empty.
 func (r *route) work(w int) {
+	if r.batch != nil {
+		r.workBatches() // batch.go
+		return
+	}
 	bounded := r.queue.maxRunning > 0
 	for {
 		var m *Message

@@ -119,6 +119,7 @@ type RouteStats struct {
 	Order    OrderStats
 	// Health is the route's state (Consumer.Health), as of this snapshot.
 	Health RouteHealth
+	Batch  BatchStats
 }
 
 // Goodput returns successes that finished within their deadline.

@@ -1,0 +1,620 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/sluice-go/sluice/backpressure"
+	"github.com/sluice-go/sluice/consumer"
+	"github.com/sluice-go/sluice/dlq"
+	"github.com/sluice-go/sluice/expiry"
+	"github.com/sluice-go/sluice/sluicetest"
+)
+
+// The tests in this file pin the batch contract (BatchHandler, BatchPolicy):
+// each runs in a synctest bubble, so time is fake, handler costs are
+// sleeps, and "nothing happened" assertions follow synctest.Wait.
+
+func batchRoute(name string, src consumer.Source, h consumer.BatchHandler) consumer.Route {
+	return consumer.Route{
+		Name:         name,
+		Source:       src,
+		BatchHandler: h,
+		Workers:      1,
+		Retry:        consumer.RetryPolicy{BaseDelay: time.Millisecond, MaxDelay: time.Millisecond},
+	}
+}
+
+// batchLog records the ids of each batch a handler is given.
+type batchLog struct {
+	mu      sync.Mutex
+	batches [][]string
+}
+
+func (l *batchLog) add(b *consumer.Batch) {
+	ids := make([]string, b.Len())
+	for i, m := range b.Messages {
+		ids[i] = string(m.Key)
+	}
+	l.mu.Lock()
+	l.batches = append(l.batches, ids)
+	l.mu.Unlock()
+}
+
+func (l *batchLog) get() [][]string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.batches)
+}
+
+// settledOrder is a Hook recording each message's settlement, in order.
+type settledOrder struct {
+	mu  sync.Mutex
+	ids []string
+	out map[string]consumer.Outcome
+}
+
+func (s *settledOrder) HookRoute(consumer.RouteInfo) consumer.MessageHook { return s }
+func (s *settledOrder) Held(ctx context.Context, _ *consumer.Message, _ consumer.Waits) context.Context {
+	return ctx
+}
+func (s *settledOrder) Event(_ context.Context, m *consumer.Message, e consumer.Event) {
+	if e.Kind != consumer.EventSettled {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.out == nil {
+		s.out = map[string]consumer.Outcome{}
+	}
+	id := string(m.Key)
+	if len(m.Value) > 0 {
+		id = string(m.Value)
+	}
+	s.ids = append(s.ids, id+":"+e.Outcome.String())
+	s.out[id] = e.Outcome
+}
+
+// counts is a ledger record's settlement counts.
+func counts(r sluicetest.Record) [5]int {
+	dropped := 0
+	if r.Dropped || r.Pending {
+		dropped = 1
+	}
+	return [5]int{r.Deliveries, r.Acks, r.Naks, r.Terms, dropped}
+}
+
+func deadlineIn(d time.Duration) consumer.Headers {
+	return consumer.Headers{expiry.DefaultHeader: {expiry.FormatDeadline(time.Now().Add(d))}}
+}
+
+// A backlog is taken in batches of at most MaxMessages, and batches grow
+// to MaxMessages while the worker is busy; every message is acked once.
+func TestBatchGrowsWithBacklog(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		src := sluicetest.NewSource()
+		const n = 250
+		for i := range n {
+			src.Publish(fmt.Sprint("m", i), []byte("v"), nil, time.Time{})
+		}
+		var log batchLog
+		r := batchRoute("r", src, func(ctx context.Context, b *consumer.Batch) error {
+			log.add(b)
+			time.Sleep(10 * time.Millisecond)
+			return nil
+		})
+		r.Batch.MaxMessages = 100
+		c, err := consumer.New(consumer.Options{}, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stop := start(t, c)
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if err := stop(); err != nil {
+			t.Fatal(err)
+		}
+		total, full := 0, 0
+		for _, b := range log.get() {
+			if len(b) > 100 {
+				t.Fatalf("batch of %d > MaxMessages", len(b))
+			}
+			if len(b) == 100 {
+				full++
+			}
+			total += len(b)
+		}
+		ledger, errs := src.Ledger()
+		for id, rec := range ledger {
+			if rec.Acks != 1 || rec.Naks+rec.Terms != 0 {
+				t.Fatalf("%s: %+v", id, rec)
+			}
+		}
+		s := c.Stats()[0]
+		if len(errs) > 0 || total != n || full == 0 || s.Settled[consumer.OutcomeSucceeded] != n || s.Batch.Messages != n {
+			t.Fatalf("errs %v, handled %d in %d batches (%d full), stats %+v", errs, total, len(log.get()), full, s.Batch)
+		}
+	})
+}
+
+// With Linger 0 a free worker runs what is queued at once, even one
+// message.
+func TestBatchNoLingerRunsAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		src := sluicetest.NewSource()
+		var log batchLog
+		c, err := consumer.New(consumer.Options{}, batchRoute("r", src, func(ctx context.Context, b *consumer.Batch) error {
+			log.add(b)
+			return nil
+		}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		start(t, c)
+		synctest.Wait()
+		src.Publish("m0", nil, nil, time.Time{})
+		synctest.Wait()
+		if got := log.get(); len(got) != 1 || len(got[0]) != 1 {
+			t.Fatalf("batches %v: want [[m0]] without waiting", got)
+		}
+	})
+}
+
+// With a Linger a partial batch waits for more messages, up to the linger.
+func TestBatchLingerCollects(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		src := sluicetest.NewSource()
+		var log batchLog
+		r := batchRoute("r", src, func(ctx context.Context, b *consumer.Batch) error {
+			log.add(b)
+			return nil
+		})
+		r.Batch.Linger = 100 * time.Millisecond
+		r.Window.MinFetch = 1
+		c, err := consumer.New(consumer.Options{}, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		start(t, c)
+		src.Publish("m0", nil, nil, time.Time{})
+		for i := 1; i <= 3; i++ {
+			time.Sleep(20 * time.Millisecond)
+			synctest.Wait()
+			if got := log.get(); len(got) != 0 {
+				t.Fatalf("ran %v before the linger was over", got)
+			}
+			src.Publish(fmt.Sprint("m", i), nil, nil, time.Time{})
+		}
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if got := log.get(); len(got) != 1 || !slices.Equal(got[0], []string{"m0", "m1", "m2", "m3"}) {
+			t.Fatalf("batches %v: want one of m0..m3", got)
+		}
+	})
+}
+
+// Fail marks single messages: a permanent one is dead-lettered (written,
+// then terminated), an overloaded one handed back, and the rest acked.
+func TestBatchFailMarksSingleMessages(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		src := sluicetest.NewSource()
+		for i := range 10 {
+			src.Publish(fmt.Sprint("m", i), []byte("v"), nil, time.Time{})
+		}
+		var sink sluicetest.Sink
+		var log batchLog
+		r := batchRoute("r", src, func(ctx context.Context, b *consumer.Batch) error {
+			log.add(b)
+			for i, m := range b.Messages {
+				switch {
+				case string(m.Key) == "m3":
+					b.Fail(i, consumer.Permanent(errors.New("bad row")))
+				case string(m.Key) == "m5" && m.Attempt == 1:
+					b.Fail(i, backpressure.Overloaded(errors.New("busy")))
+				}
+			}
+			return nil
+		})
+		r.DeadLetter.Sink = &sink
+		c, err := consumer.New(consumer.Options{}, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stop := start(t, c)
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if err := stop(); err != nil {
+			t.Fatal(err)
+		}
+		ledger, errs := src.Ledger()
+		for id, rec := range ledger {
+			want := sluicetest.Record{Deliveries: 1, Acks: 1}
+			switch id {
+			case "m3":
+				want = sluicetest.Record{Deliveries: 1, Terms: 1}
+			case "m5":
+				want = sluicetest.Record{Deliveries: 2, Naks: 1, Acks: 1}
+			}
+			if counts(rec) != counts(want) {
+				t.Fatalf("%s: %+v, want %+v", id, rec, want)
+			}
+		}
+		letters := sink.Letters()
+		s := c.Stats()[0]
+		if len(errs) > 0 || len(letters) != 1 || string(letters[0].Key) != "m3" || letters[0].Class != dlq.ClassPermanent ||
+			s.Settled[consumer.OutcomeSucceeded] != 9 || s.Settled[consumer.OutcomeOverloaded] != 1 || s.Settled[consumer.OutcomeDeadLettered] != 1 {
+			t.Fatalf("errs %v, letters %v, stats %+v", errs, letters, s.Settled)
+		}
+	})
+}
+
+// An error the handler returns applies to each message, each with its own
+// attempts: retried while attempts are left, dead-lettered on the last,
+// which on the broker's last delivery is never nak'd.
+func TestBatchErrorAppliesToEach(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		src := sluicetest.NewSource()
+		src.MaxDeliver = 2
+		for i := range 5 {
+			src.Publish(fmt.Sprint("m", i), []byte("v"), nil, time.Time{})
+		}
+		var sink sluicetest.Sink
+		r := batchRoute("r", src, func(ctx context.Context, b *consumer.Batch) error {
+			return errors.New("database down")
+		})
+		r.Retry.MaxAttempts = 2
+		r.DeadLetter.Sink = &sink
+		c, err := consumer.New(consumer.Options{}, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stop := start(t, c)
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if err := stop(); err != nil {
+			t.Fatal(err)
+		}
+		ledger, errs := src.Ledger()
+		for id, rec := range ledger {
+			if counts(rec) != counts(sluicetest.Record{Deliveries: 2, Naks: 1, Terms: 1}) {
+				t.Fatalf("%s: %+v", id, rec)
+			}
+		}
+		for _, l := range sink.Letters() {
+			if l.Class != dlq.ClassExhausted || l.Attempts != 2 || !strings.Contains(l.Err, "database down") {
+				t.Fatalf("letter %+v", l)
+			}
+		}
+		s := c.Stats()[0]
+		if len(errs) > 0 || len(sink.Letters()) != 5 || s.Settled[consumer.OutcomeRetried] != 5 || s.Settled[consumer.OutcomeDeadLettered] != 5 {
+			t.Fatalf("errs %v, letters %d, stats %+v", errs, len(sink.Letters()), s.Settled)
+		}
+	})
+}
+
+// A panic is recovered as a retryable error for every message.
+func TestBatchPanicRetriesEach(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		src := sluicetest.NewSource()
+		for i := range 3 {
+			src.Publish(fmt.Sprint("m", i), nil, nil, time.Time{})
+		}
+		calls := 0
+		c, err := consumer.New(consumer.Options{}, batchRoute("r", src, func(ctx context.Context, b *consumer.Batch) error {
+			calls++
+			if calls == 1 {
+				panic("boom")
+			}
+			return nil
+		}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		stop := start(t, c)
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if err := stop(); err != nil {
+			t.Fatal(err)
+		}
+		s := c.Stats()[0]
+		if s.Errors.Panics != 1 || s.Settled[consumer.OutcomeRetried] != 3 || s.Settled[consumer.OutcomeSucceeded] != 3 {
+			t.Fatalf("stats %+v %+v", s.Errors, s.Settled)
+		}
+	})
+}
+
+// A message whose deadline comes while its batch waits for more (Linger)
+// is settled as expired and removed before the batch runs: the handler
+// never sees it.
+func TestBatchExpiredWhileFormingNeverRuns(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		src := sluicetest.NewSource()
+		var log batchLog
+		r := batchRoute("r", src, func(ctx context.Context, b *consumer.Batch) error {
+			log.add(b)
+			return nil
+		})
+		r.Batch.Linger = time.Second
+		r.Batch.MaxMessages = 10
+		r.Window.MinFetch = 1
+		c, err := consumer.New(consumer.Options{}, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		start(t, c)
+		src.Publish("soon", nil, deadlineIn(50*time.Millisecond), time.Time{})
+		time.Sleep(10 * time.Millisecond)
+		src.Publish("later", nil, deadlineIn(time.Hour), time.Time{})
+		src.Publish("none", nil, nil, time.Time{})
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		got := log.get()
+		s := c.Stats()[0]
+		if len(got) != 1 || !slices.Equal(got[0], []string{"later", "none"}) ||
+			s.Settled[consumer.OutcomeExpired] != 1 || s.Settled[consumer.OutcomeSucceeded] != 2 {
+			t.Fatalf("batches %v, stats %+v", got, s.Settled)
+		}
+	})
+}
+
+// Once the route has learned its batch cost (here 10 ms + 1 ms a message),
+// a batch is cut so that its predicted end comes before the earliest
+// deadline in it, and a message that cannot make it even alone is expired
+// without running: no message reaches the handler after its deadline, and
+// no success is late.
+func TestBatchCutBeforeEarliestDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		src := sluicetest.NewSource()
+		var log batchLog
+		var mu sync.Mutex
+		var exposed []string
+		r := batchRoute("r", src, func(ctx context.Context, b *consumer.Batch) error {
+			log.add(b)
+			now := time.Now()
+			var earliest time.Time
+			for _, m := range b.Messages {
+				d, ok := m.Deadline()
+				if ok && !now.Before(d) {
+					mu.Lock()
+					exposed = append(exposed, string(m.Key))
+					mu.Unlock()
+				}
+				if ok && (earliest.IsZero() || d.Before(earliest)) {
+					earliest = d
+				}
+			}
+			if cd, ok := ctx.Deadline(); ok != !earliest.IsZero() || !cd.Equal(earliest) {
+				t.Errorf("ctx deadline %v, want the batch's earliest %v", cd, earliest)
+			}
+			time.Sleep(10*time.Millisecond + time.Duration(b.Len())*time.Millisecond)
+			return nil
+		})
+		r.Batch.MaxMessages = 100
+		c, err := consumer.New(consumer.Options{}, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		start(t, c)
+		// Learn: backlogs of several sizes, no deadlines.
+		id := 0
+		for round, size := range []int{1, 40, 5, 80, 20, 60, 2, 100, 10, 30} {
+			for range size {
+				src.Publish(fmt.Sprint("w", id), nil, nil, time.Time{})
+				id++
+			}
+			time.Sleep(time.Second)
+			synctest.Wait()
+			if got := c.Stats()[0].Settled[consumer.OutcomeSucceeded]; got != uint64(id) {
+				t.Fatalf("round %d: %d settled of %d", round, got, id)
+			}
+		}
+		bs := c.Stats()[0].Batch
+		if bs.Fixed < 9*time.Millisecond || bs.Fixed > 11*time.Millisecond || bs.PerMessage < 900*time.Microsecond || bs.PerMessage > 1100*time.Microsecond {
+			t.Fatalf("learned %v + %v a message, want about 10ms + 1ms", bs.Fixed, bs.PerMessage)
+		}
+		warm := len(log.get())
+		// 100 messages that must finish within 60 ms: about 40 fit in a
+		// first batch, hardly any in a second.
+		for i := range 100 {
+			src.Publish(fmt.Sprint("d", i), nil, deadlineIn(60*time.Millisecond), time.Time{})
+		}
+		time.Sleep(time.Second)
+		synctest.Wait()
+		s := c.Stats()[0]
+		var sizes []int
+		for _, b := range log.get()[warm:] {
+			sizes = append(sizes, len(b))
+		}
+		ok := s.Settled[consumer.OutcomeSucceeded] - uint64(id)
+		if len(exposed) > 0 || s.Late != 0 || ok == 0 || ok+s.Settled[consumer.OutcomeExpired] != 100 || slices.Max(sizes) >= 100 {
+			t.Fatalf("exposed %v, late %d, succeeded %d, expired %d, batches %v", exposed, s.Late, ok, s.Settled[consumer.OutcomeExpired], sizes)
+		}
+		t.Logf("deadline batches %v; succeeded %d, expired %d (early %d)", sizes, ok, s.Settled[consumer.OutcomeExpired], s.Overload.ExpiredEarly)
+	})
+}
+
+// The window bounds batches: messages in forming and running batches hold
+// their slots until settled, and nothing more is fetched meanwhile; two
+// workers run two batches at once.
+func TestBatchWindowHoldsRunningBatches(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		src := sluicetest.NewSource()
+		for i := range 20 {
+			src.Publish(fmt.Sprint("m", i), []byte("v"), nil, time.Time{})
+		}
+		release := make(chan struct{})
+		var log batchLog
+		r := batchRoute("r", src, func(ctx context.Context, b *consumer.Batch) error {
+			log.add(b)
+			<-release
+			return nil
+		})
+		r.Workers = 2
+		r.Batch.MaxMessages = 3
+		r.Window.Messages = 6
+		c, err := consumer.New(consumer.Options{}, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stop := start(t, c)
+		synctest.Wait()
+		s := c.Stats()[0]
+		if got := log.get(); len(got) != 2 || len(got[0]) != 3 || len(got[1]) != 3 || s.Window.InUse != 6 || s.Held != 6 || s.Fetched != 6 {
+			t.Fatalf("batches %v, in use %d, held %d, fetched %d: want two running batches of 3 holding the window", got, s.Window.InUse, s.Held, s.Fetched)
+		}
+		close(release)
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if err := stop(); err != nil {
+			t.Fatal(err)
+		}
+		s = c.Stats()[0]
+		if s.Settled[consumer.OutcomeSucceeded] != 20 || s.Window.Peak > 6 {
+			t.Fatalf("succeeded %d, peak %d", s.Settled[consumer.OutcomeSucceeded], s.Window.Peak)
+		}
+	})
+}
+
+// On a ByKey route a batch holds a key's messages in delivery order; when
+// one fails, its key's later messages in the batch are held, not settled:
+// never acked ahead of it, they run again after it in a later batch (their
+// attempt not counted), while other keys' messages are acked.
+func TestBatchOrderedFailureHoldsLaterOfKey(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		// The value carries the id; the key is the id's letter.
+		src := sluicetest.NewSource()
+		for _, id := range []string{"a1", "b1", "a2", "a3", "b2"} {
+			src.PublishMsg(sluicetest.Msg{ID: id, Key: []byte(id[:1]), Value: []byte(id)})
+		}
+		type run struct {
+			id      string
+			attempt int
+		}
+		var mu sync.Mutex
+		var runs [][]run
+		calls := 0
+		r := batchRoute("r", src, func(ctx context.Context, b *consumer.Batch) error {
+			mu.Lock()
+			defer mu.Unlock()
+			calls++
+			var rs []run
+			for i, m := range b.Messages {
+				id := string(m.Value)
+				rs = append(rs, run{id, m.Attempt})
+				if calls == 1 && id == "a1" {
+					b.Fail(i, errors.New("deadlock, retry"))
+				}
+			}
+			runs = append(runs, rs)
+			return nil
+		})
+		r.Ordering = consumer.ByKey
+		r.Window.MinFetch = 5
+		hook := &settledOrder{}
+		c, err := consumer.New(consumer.Options{Hook: hook}, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stop := start(t, c)
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if err := stop(); err != nil {
+			t.Fatal(err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		want := [][]run{
+			{{"a1", 1}, {"b1", 1}, {"a2", 1}, {"a3", 1}, {"b2", 1}},
+			{{"a1", 2}, {"a2", 1}, {"a3", 1}},
+		}
+		if fmt.Sprint(runs) != fmt.Sprint(want) {
+			t.Fatalf("batches %v, want %v", runs, want)
+		}
+		hook.mu.Lock()
+		order := hook.ids
+		hook.mu.Unlock()
+		var as []string
+		for _, o := range order {
+			if strings.HasPrefix(o, "a") {
+				as = append(as, o)
+			}
+		}
+		ledger, errs := src.Ledger()
+		for id, rec := range ledger {
+			if counts(rec) != counts(sluicetest.Record{Deliveries: 1, Acks: 1}) {
+				t.Fatalf("%s: %+v (an ordered route retries in place)", id, rec)
+			}
+		}
+		s := c.Stats()[0]
+		if len(errs) > 0 || !slices.Equal(as, []string{"a1:succeeded", "a2:succeeded", "a3:succeeded"}) ||
+			s.Order.Retries != 1 || s.Settled[consumer.OutcomeSucceeded] != 5 {
+			t.Fatalf("errs %v, settlements %v, stats %+v %+v", errs, order, s.Order, s.Settled)
+		}
+	})
+}
+
+// Shutdown hands back the messages of a batch still forming; the handler
+// never runs them.
+func TestBatchShutdownReturnsForming(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		src := sluicetest.NewSource()
+		for i := range 3 {
+			src.Publish(fmt.Sprint("m", i), nil, nil, time.Time{})
+		}
+		ran := false
+		r := batchRoute("r", src, func(ctx context.Context, b *consumer.Batch) error {
+			ran = true
+			return nil
+		})
+		r.Batch.Linger = time.Hour
+		c, err := consumer.New(consumer.Options{}, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stop := start(t, c)
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if err := stop(); err != nil {
+			t.Fatal(err)
+		}
+		ledger, errs := src.Ledger()
+		for id, rec := range ledger {
+			if counts(rec) != counts(sluicetest.Record{Deliveries: 1, Naks: 1}) {
+				t.Fatalf("%s: %+v", id, rec)
+			}
+		}
+		if s := c.Stats()[0]; ran || len(errs) > 0 || s.Settled[consumer.OutcomeReturned] != 3 {
+			t.Fatalf("ran %v, errs %v, stats %+v", ran, errs, s.Settled)
+		}
+	})
+}
+
+func TestBatchOptionsValidated(t *testing.T) {
+	slots, err := backpressure.NewSlots(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := func(context.Context, *consumer.Batch) error { return nil }
+	for name, r := range map[string]consumer.Route{
+		"both handlers":   {Name: "r", Source: sluicetest.NewSource(), BatchHandler: h, Handler: func(context.Context, *consumer.Message) error { return nil }},
+		"negative linger": {Name: "r", Source: sluicetest.NewSource(), BatchHandler: h, Batch: consumer.BatchPolicy{Linger: -1}},
+		"negative max":    {Name: "r", Source: sluicetest.NewSource(), BatchHandler: h, Batch: consumer.BatchPolicy{MaxMessages: -1}},
+		"negative bytes":  {Name: "r", Source: sluicetest.NewSource(), BatchHandler: h, Batch: consumer.BatchPolicy{MaxBytes: -1}},
+		"slots":           {Name: "r", Source: sluicetest.NewSource(), BatchHandler: h, Overload: consumer.OverloadPolicy{Slots: slots}},
+	} {
+		if _, err := consumer.New(consumer.Options{}, r); !errors.Is(err, consumer.ErrInvalidOption) {
+			t.Errorf("%s: err %v, want ErrInvalidOption", name, err)
+		}
+	}
+	// The minimal batch route needs no numbers.
+	if _, err := consumer.New(consumer.Options{}, consumer.Route{Name: "r", Source: sluicetest.NewSource(), BatchHandler: h}); err != nil {
+		t.Fatal(err)
+	}
+}
