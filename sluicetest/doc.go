@@ -10,6 +10,11 @@
 // limit (MaxDeliver, dropping a message nak'd on its last delivery the way
 // JetStream does), and settlements confirmed later (Confirm).
 //
+// For a consumer.BatchHandler, RunBatch runs the handler once on messages
+// built with Messages and reports how each would settle (its Batch.Fail
+// mark or the handler's error); the route around it (window, deadlines,
+// retries) is tested by running a Consumer on the Source, as for a Handler.
+//
 // Broker behaviour itself is tested against real brokers: see
 // adapters/nats/natstest (an embedded nats-server) and
 // adapters/kafka/kafkatest (an in-process kfake cluster or a real Kafka).

@@ -65,3 +65,22 @@ func ExampleSource_maxDeliver() {
 	// attempt 2
 	// dropped: true queued: 0
 }
+
+// Unit-test a BatchHandler's per-message outcomes: which rows it marks as
+// failed, and how each message of the batch would settle.
+func ExampleRunBatch() {
+	insert := func(ctx context.Context, b *consumer.Batch) error {
+		for i, m := range b.Messages {
+			if len(m.Value) == 0 {
+				b.Fail(i, consumer.Permanent(errors.New("empty order")))
+			}
+		}
+		return nil // the bulk write of the others went through
+	}
+	res := sluicetest.RunBatch(context.Background(), insert, sluicetest.Messages("o1", "", "o3")...)
+	fmt.Println("succeeded:", res.Succeeded())
+	fmt.Println("dead-lettered:", res.Permanent())
+	// Output:
+	// succeeded: 2
+	// dead-lettered: [1]
+}
