@@ -585,6 +585,13 @@ func (r *route) callBatch(ctx context.Context, b *Batch) (err error) {
 	return r.cfg.BatchHandler(ctx, b)
 }
 
+func (r *route) batchMessages() int {
+	if r.cfg.BatchHandler == nil {
+		return 0
+	}
+	return r.cfg.Batch.MaxMessages
+}
+
 func (r *route) batchStats() BatchStats {
 	bt := r.batch
 	if bt == nil {

@@ -238,7 +238,7 @@ func (c *Consumer) Stats() []RouteStats {
 
 func (r *route) routeInfo() RouteInfo {
 	return RouteInfo{Name: r.cfg.Name, Criticality: r.cfg.Overload.Criticality, Workers: r.cfg.Workers,
-		WindowMessages: r.cfg.Window.Messages, WindowBytes: r.cfg.Window.Bytes}
+		WindowMessages: r.cfg.Window.Messages, WindowBytes: r.cfg.Window.Bytes, BatchMessages: r.batchMessages()}
 }
 
 func (r *route) stats() RouteStats {

@@ -82,6 +82,9 @@ type RouteInfo struct {
 	// WindowMessages and WindowBytes are the route window's size.
 	WindowMessages int
 	WindowBytes    int64
+	// BatchMessages is Batch.MaxMessages on a route with a BatchHandler,
+	// 0 on a route with a Handler.
+	BatchMessages int
 }
 
 // RouteStats is a snapshot of one route. Every fetched message is either

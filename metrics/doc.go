@@ -2,7 +2,10 @@
 //
 // New registers one collector, which reads every route's stats at scrape
 // time, and a handler-latency histogram, sluice_handler_duration_seconds
-// {route, outcome}. It never touches the global registry:
+// {route, outcome}, and for routes with a consumer.BatchHandler three
+// histograms per batch, sluice_batch_messages{route},
+// sluice_batch_linger_seconds{route} and sluice_batch_duration_seconds
+// {route}. It never touches the global registry:
 //
 //	reg := prometheus.NewRegistry()
 //	obs, err := metrics.New(reg)

@@ -28,7 +28,10 @@ func WithConstLabels(l prometheus.Labels) Option {
 // implements consumer.Observer; pass it as consumer.Options.Observer.
 type Observer struct {
 	latency *prometheus.HistogramVec
-	col     *collector
+	// Batch routes (consumer.BatchHandler): messages per batch, linger
+	// and handler time per batch.
+	batchSize, batchLinger, batchLatency *prometheus.HistogramVec
+	col                                  *collector
 }
 
 var _ consumer.Observer = (*Observer)(nil)
@@ -49,14 +52,26 @@ func New(reg prometheus.Registerer, opts ...Option) (*Observer, error) {
 		// 0.5 ms * 2^16 ≈ 32.8 s.
 		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 17),
 	}, []string{"route", "outcome"})
-	if err := reg.Register(col); err != nil {
-		return nil, err
+	hist := func(name, help string, buckets []float64) *prometheus.HistogramVec {
+		return prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: namespace, Name: name, Help: help,
+			ConstLabels: cfg.constLabels, Buckets: buckets}, []string{"route"})
 	}
-	if err := reg.Register(latency); err != nil {
-		reg.Unregister(col)
-		return nil, err
+	o := &Observer{latency: latency, col: col,
+		// 1 to 4096 messages.
+		batchSize:    hist("batch_messages", "Messages per batch a batch handler ran, by route.", prometheus.ExponentialBuckets(1, 2, 13)),
+		batchLinger:  hist("batch_linger_seconds", "Time a batch waited for more messages after its first (BatchPolicy.Linger), by route.", prometheus.ExponentialBuckets(0.0005, 2, 14)),
+		batchLatency: hist("batch_duration_seconds", "Batch handler run time, by route.", prometheus.ExponentialBuckets(0.0005, 2, 17)),
 	}
-	return &Observer{latency: latency, col: col}, nil
+	cs := []prometheus.Collector{col, latency, o.batchSize, o.batchLinger, o.batchLatency}
+	for i, c := range cs {
+		if err := reg.Register(c); err != nil {
+			for _, done := range cs[:i] {
+				reg.Unregister(done)
+			}
+			return nil, err
+		}
+	}
+	return o, nil
 }
 
 // ObserveRoute implements consumer.Observer.
@@ -67,7 +82,24 @@ func (o *Observer) ObserveRoute(info consumer.RouteInfo, stats func() consumer.R
 	for i, out := range outs {
 		ro.byOutcome[i] = o.latency.WithLabelValues(info.Name, out.String())
 	}
+	if info.BatchMessages > 0 {
+		return &batchRouteObserver{routeObserver: ro, size: o.batchSize.WithLabelValues(info.Name),
+			linger: o.batchLinger.WithLabelValues(info.Name), latency: o.batchLatency.WithLabelValues(info.Name)}
+	}
 	return ro
+}
+
+// batchRouteObserver also records batches (consumer.BatchObserver).
+type batchRouteObserver struct {
+	*routeObserver
+	size, linger, latency prometheus.Observer
+}
+
+// BatchDone implements consumer.BatchObserver.
+func (b *batchRouteObserver) BatchDone(info consumer.BatchInfo) {
+	b.size.Observe(float64(info.Size))
+	b.linger.Observe(info.Linger.Seconds())
+	b.latency.Observe(info.Latency.Seconds())
 }
 
 type routeObserver struct {

@@ -152,3 +152,56 @@ sluice_window_limit_messages{criticality="SHEDDABLE",route="r",service="billing"
 		t.Error(err)
 	}
 }
+
+// A batch route exports, per batch, its size, linger and run time; a
+// route with a Handler exports none of them.
+func TestBatchMetrics(t *testing.T) {
+	const n = 120
+	reg := prometheus.NewRegistry()
+	obs, err := metrics.New(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := sluicetest.NewSource()
+	for i := range n {
+		src.Publish(fmt.Sprintf("m%d", i), []byte("x"), nil, time.Time{})
+	}
+	c, err := consumer.New(consumer.Options{Observer: obs},
+		consumer.Route{Name: "bulk", Source: src, Workers: 1, Batch: consumer.BatchPolicy{MaxMessages: 50},
+			BatchHandler: func(context.Context, *consumer.Batch) error { return nil }},
+		consumer.Route{Name: "single", Source: sluicetest.NewSource(),
+			Handler: func(context.Context, *consumer.Message) error { return nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stats, err := sluicetest.RunUntil(context.Background(), c, 10*time.Second, func(s []consumer.RouteStats) bool {
+		return s[0].Settled[consumer.OutcomeSucceeded] == n
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]*dto.Histogram{}
+	for _, mf := range mfs {
+		if !strings.HasPrefix(mf.GetName(), "sluice_batch_") {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "route" && l.GetValue() != "bulk" {
+					t.Fatalf("%s has route %q", mf.GetName(), l.GetValue())
+				}
+			}
+			got[mf.GetName()] = m.GetHistogram()
+		}
+	}
+	batches := stats[0].Batch.Batches
+	size := got["sluice_batch_messages"]
+	if len(got) != 3 || size.GetSampleCount() != batches || size.GetSampleSum() != n ||
+		got["sluice_batch_duration_seconds"].GetSampleCount() != batches || got["sluice_batch_linger_seconds"].GetSampleCount() != batches {
+		t.Fatalf("histograms %v, %d batches", got, batches)
+	}
+}
