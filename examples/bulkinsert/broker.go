@@ -40,12 +40,22 @@ func (b natsBroker) Load(ctx context.Context, msgs []payload) error {
 		if !p.Deadline.IsZero() {
 			m.Header.Set(expiry.DefaultHeader, expiry.FormatDeadline(p.Deadline))
 		}
-		f, err := b.js.PublishMsgAsync(m)
+		f, err := b.js.PublishMsgAsync(m, jetstream.WithStallWait(10*time.Second))
 		if err != nil {
 			return err
 		}
-		futs = append(futs, f)
+		if futs = append(futs, f); len(futs) == 1000 {
+			if err := waitAcks(ctx, futs); err != nil {
+				return err
+			}
+			futs = futs[:0]
+		}
 	}
+	return waitAcks(ctx, futs)
+}
+
+// waitAcks waits for the server's acks of async publishes.
+func waitAcks(ctx context.Context, futs []jetstream.PubAckFuture) error {
 	for _, f := range futs {
 		select {
 		case <-f.Ok():

@@ -22,12 +22,15 @@ import (
 
 var (
 	dsnFlag     = flag.String("dsn", "", "PostgreSQL to write to, e.g. `postgres://user:pass@host/db` (default: an embedded PostgreSQL, started and removed here)")
-	modeFlag    = flag.String("mode", "batch", "batch (BatchHandler, COPY), single (Handler, one INSERT a message), or compare (interleaved pairs of both)")
+	modeFlag    = flag.String("mode", "batch", "batch (BatchHandler, COPY), single (Handler, one INSERT a message), compare (interleaved pairs of both), or lab (overload with deadlines)")
 	nFlag       = flag.Int("n", 20000, "orders to load into the broker before the consumer starts")
 	workersFlag = flag.Int("workers", 8, "the route's Workers")
 	batchFlag   = flag.Int("max-batch", 0, "BatchPolicy.MaxMessages (0: the default)")
 	poisonFlag  = flag.Int("poison-every", 100, "every `N`th order cannot be decoded and is dead-lettered (0: none)")
 	pairsFlag   = flag.Int("pairs", 3, "compare: how many single/batch pairs to run")
+	loadFlag    = flag.Float64("load", 3, "lab: offered rate as a multiple of the batch route's capacity")
+	deadFlag    = flag.Duration("deadline", 500*time.Millisecond, "lab: each order's deadline after its publish")
+	forFlag     = flag.Duration("for", 10*time.Second, "lab: how long orders are offered")
 )
 
 func main() {
@@ -92,6 +95,14 @@ func run(ctx context.Context, out io.Writer) error {
 		return nil
 	case "compare":
 		return compare(ctx, out, b, st, cfg, msgs, *pairsFlag)
+	case "lab":
+		res, err := lab(ctx, out, js, st, labConfig{Load: *loadFlag, Deadline: *deadFlag, For: *forFlag,
+			PoisonEvery: *poisonFlag, Workers: *workersFlag, MaxBatch: *batchFlag})
+		if err != nil {
+			return err
+		}
+		fmt.Fprintln(out, res)
+		return nil
 	}
 	return fmt.Errorf("bulkinsert: unknown -mode %q", *modeFlag)
 }
