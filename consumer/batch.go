@@ -146,6 +146,22 @@ type BatchObserver interface {
 	BatchDone(BatchInfo)
 }
 
+// BatchHook is implemented by a MessageHook (Options.Hook) that follows
+// batches as well as their messages: package otelsluice traces each batch
+// as a span linked to its messages' spans. JoinHooks forwards it. Its
+// methods run on the worker, around the handler, and must not block.
+type BatchHook interface {
+	// BatchStart is called right before a BatchHandler runs b; msgCtxs[i]
+	// is the context Held returned for b.Messages[i]. The context it
+	// returns becomes the handler's (the batch's deadline is added to it);
+	// return ctx to add nothing.
+	BatchStart(ctx context.Context, b *Batch, msgCtxs []context.Context) context.Context
+	// BatchEnd is called once the handler returned, before its messages
+	// are settled; ctx is the handler's (derived from what BatchStart
+	// returned).
+	BatchEnd(ctx context.Context, info BatchInfo)
+}
+
 // BatchStats is a snapshot of a batch route's batches (zero on a route
 // with a Handler).
 type BatchStats struct {
@@ -484,6 +500,14 @@ func (r *route) runBatch(ms []*Message, linger time.Duration) {
 		crit = max(crit, m.crit)
 	}
 	ctx := r.classCtx[crit&3]
+	bh, _ := r.hook.(BatchHook)
+	if bh != nil {
+		ctxs := make([]context.Context, len(keep))
+		for i, m := range keep {
+			ctxs[i] = m.hctx
+		}
+		ctx = bh.BatchStart(ctx, b, ctxs)
+	}
 	if !b.deadline.IsZero() {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithDeadline(ctx, b.deadline)
@@ -509,6 +533,9 @@ func (r *route) runBatch(ms []*Message, linger time.Duration) {
 	}
 	if r.cfg.Overload.Throttle != nil || r.cfg.Overload.AdaptiveLimit != nil {
 		r.feedback(start.Add(latency), latency, err)
+	}
+	if bh != nil {
+		bh.BatchEnd(ctx, BatchInfo{Size: len(keep), Bytes: b.bytes, Linger: linger, Latency: latency, Err: err})
 	}
 	errs := b.errs
 	for i := range errs {

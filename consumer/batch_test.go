@@ -618,3 +618,79 @@ func TestBatchOptionsValidated(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+type bctxKey string
+
+// batchHook records batches; it also marks each message's context.
+type batchHook struct {
+	mu     sync.Mutex
+	starts [][]string // per batch, the ids Held's contexts carried
+	ends   []consumer.BatchInfo
+}
+
+func (h *batchHook) HookRoute(consumer.RouteInfo) consumer.MessageHook { return h }
+func (h *batchHook) Held(ctx context.Context, m *consumer.Message, _ consumer.Waits) context.Context {
+	return context.WithValue(ctx, bctxKey("id"), string(m.Key))
+}
+func (h *batchHook) Event(context.Context, *consumer.Message, consumer.Event) {}
+func (h *batchHook) BatchStart(ctx context.Context, b *consumer.Batch, msgCtxs []context.Context) context.Context {
+	ids := make([]string, len(msgCtxs))
+	for i, c := range msgCtxs {
+		ids[i], _ = c.Value(bctxKey("id")).(string)
+	}
+	h.mu.Lock()
+	h.starts = append(h.starts, ids)
+	h.mu.Unlock()
+	return context.WithValue(ctx, bctxKey("batch"), len(h.starts))
+}
+func (h *batchHook) BatchEnd(ctx context.Context, info consumer.BatchInfo) {
+	h.mu.Lock()
+	h.ends = append(h.ends, info)
+	h.mu.Unlock()
+}
+
+// A BatchHook sees each batch start, with its messages' contexts, and end;
+// the context BatchStart returns is the handler's; JoinHooks forwards it.
+func TestBatchHook(t *testing.T) {
+	for _, joined := range []bool{false, true} {
+		t.Run(fmt.Sprint("joined=", joined), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				src := sluicetest.NewSource()
+				for i := range 5 {
+					src.Publish(fmt.Sprint("m", i), nil, nil, time.Time{})
+				}
+				var log batchLog
+				var seen []any
+				r := batchRoute("r", src, func(ctx context.Context, b *consumer.Batch) error {
+					log.add(b)
+					seen = append(seen, ctx.Value(bctxKey("batch")))
+					return b.Messages[0].InProgress(ctx) // any call; the result is nil
+				})
+				h := &batchHook{}
+				var hook consumer.Hook = h
+				if joined {
+					hook = consumer.JoinHooks(h, &settledOrder{})
+				}
+				c, err := consumer.New(consumer.Options{Hook: hook}, r)
+				if err != nil {
+					t.Fatal(err)
+				}
+				stop := start(t, c)
+				time.Sleep(time.Second)
+				synctest.Wait()
+				if err := stop(); err != nil {
+					t.Fatal(err)
+				}
+				got := log.get()
+				if fmt.Sprint(h.starts) != fmt.Sprint(got) || len(h.ends) != len(got) || len(seen) != len(got) {
+					t.Fatalf("starts %v, ends %v, batches %v", h.starts, h.ends, got)
+				}
+				for i, e := range h.ends {
+					if e.Size != len(got[i]) || e.Err != nil || seen[i] != i+1 {
+						t.Fatalf("end %d: %+v (handler ctx value %v) for %v", i, e, seen[i], got[i])
+					}
+				}
+			})
+		})
+	}
+}

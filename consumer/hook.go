@@ -188,3 +188,23 @@ func (r *route) event(m *Message, e Event) {
 		r.hook.Event(m.hctx, m, e)
 	}
 }
+
+// BatchStart implements BatchHook: each member that implements it gets
+// the context the previous one returned.
+func (ms joinedRoute) BatchStart(ctx context.Context, b *Batch, msgCtxs []context.Context) context.Context {
+	for _, m := range ms {
+		if bh, ok := m.(BatchHook); ok {
+			ctx = bh.BatchStart(ctx, b, msgCtxs)
+		}
+	}
+	return ctx
+}
+
+// BatchEnd implements BatchHook.
+func (ms joinedRoute) BatchEnd(ctx context.Context, info BatchInfo) {
+	for _, m := range ms {
+		if bh, ok := m.(BatchHook); ok {
+			bh.BatchEnd(ctx, info)
+		}
+	}
+}

@@ -36,6 +36,9 @@ const (
 	AttrReason      = attribute.Key("sluice.reason")              // on EventTerminated
 	AttrReplayCount = attribute.Key("sluice.replay.count")        // on a replay span: this replay's number
 	AttrLetterPos   = attribute.Key("sluice.dead_letter.position")
+	AttrBatchSize   = attribute.Key("sluice.batch.size")           // on a batch span: messages given to the handler
+	AttrBatchBytes  = attribute.Key("sluice.batch.bytes")          // on a batch span
+	AttrBatchLinger = attribute.Key("sluice.batch.linger.seconds") // on a batch span: waited for more messages
 	// AttrLinkRelation says what a link points to: "producer",
 	// "dead_letter" (the processing that dead-lettered a replayed message)
 	// or "replay_run".
@@ -63,6 +66,7 @@ const (
 	linkProducer   = "producer"
 	linkDeadLetter = "dead_letter"
 	linkReplayRun  = "replay_run"
+	linkBatched    = "batched"
 )
 
 var (
@@ -205,6 +209,39 @@ func (h *routeHook) settled(span trace.Span, e consumer.Event) {
 	if e.Err != nil {
 		span.AddEvent(EventSettleFailed, trace.WithAttributes(semconv.ExceptionMessage(firstLine(e.Err.Error()))))
 		span.SetStatus(codes.Error, "settlement failed: "+firstLine(e.Err.Error()))
+	}
+}
+
+// BatchStart implements consumer.BatchHook: a batch handler's run is a
+// span of its own, "process <route> batch", the root of a new trace (it
+// is not the child of any one message), linked to the span of each of its
+// messages (sluice.link "batched"); each message's span records the
+// handler's start and end as for a Handler.
+func (h *routeHook) BatchStart(ctx context.Context, b *consumer.Batch, msgCtxs []context.Context) context.Context {
+	links := make([]trace.Link, 0, len(msgCtxs))
+	for _, c := range msgCtxs {
+		if sc := trace.SpanContextFromContext(c); sc.IsValid() {
+			links = append(links, trace.Link{SpanContext: sc, Attributes: []attribute.KeyValue{AttrLinkRelation.String(linkBatched)}})
+		}
+	}
+	ctx, _ = h.t.tracer.Start(ctx, h.name+" batch", kindConsumer, trace.WithNewRoot(), trace.WithLinks(links...),
+		trace.WithAttributes(h.route, semconv.MessagingOperationTypeProcess, semconv.MessagingBatchMessageCount(b.Len()),
+			AttrBatchSize.Int(b.Len()), AttrBatchBytes.Int64(b.Bytes())))
+	return ctx
+}
+
+// BatchEnd implements consumer.BatchHook: it ends the batch's span.
+func (h *routeHook) BatchEnd(ctx context.Context, info consumer.BatchInfo) {
+	span := trace.SpanFromContext(ctx)
+	defer span.End()
+	if !span.IsRecording() {
+		return
+	}
+	span.SetAttributes(AttrBatchLinger.Float64(info.Linger.Seconds()), AttrHandlerTime.Float64(info.Latency.Seconds()))
+	if info.Err != nil {
+		span.RecordError(info.Err)
+		span.SetAttributes(semconv.ErrorTypeKey.String(errorType(info.Err)))
+		span.SetStatus(codes.Error, firstLine(info.Err.Error()))
 	}
 }
 

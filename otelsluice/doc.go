@@ -38,6 +38,14 @@
 // when it ends sluice.outcome (consumer.Outcome) and sluice.settlement
 // (what the broker was told: ack, nak, term, none).
 //
+// A route with a consumer.BatchHandler also gets one span per batch run,
+// "process <route> batch", the root of a trace of its own linked to each
+// of its messages' spans (sluice.link "batched"), with
+// messaging.batch.message_count, sluice.batch.size, sluice.batch.bytes,
+// sluice.batch.linger.seconds and sluice.handler.seconds; the batch
+// handler's ctx carries it. Each message's span records the handler's
+// start and end and its own outcome as with a Handler.
+//
 // sluice's decisions are span events: sluice.window_wait and
 // sluice.throttled (how long the route waited for its window, or was held
 // back by its Throttle, before the fetch that brought the message),

@@ -3,6 +3,7 @@ package otelsluice_test
 import (
 	"context"
 	"errors"
+	"strconv"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -290,4 +291,49 @@ func TestWindowWaitEvent(t *testing.T) {
 			t.Errorf("second: window wait %q s, want 0.05", w)
 		}
 	})
+}
+
+// A batch handler's run is one span, linked to each of its messages'
+// spans; each message keeps its own span with the handler's start and end.
+func TestBatchSpanLinksMessages(t *testing.T) {
+	tr := newTracing(t)
+	tc := tr.tracer(otelsluice.Options{})
+	src := sluicetest.NewSource()
+	for _, k := range []string{"a", "b", "c"} {
+		src.Publish(k, []byte("v"), nil, time.Time{})
+	}
+	runRoute(t, context.Background(), tc, consumer.Route{
+		Source: src, Workers: 1,
+		BatchHandler: func(ctx context.Context, b *consumer.Batch) error { return nil },
+	}, func(s consumer.RouteStats) bool { return s.Settled[consumer.OutcomeSucceeded] == 3 })
+	var batches []sdktrace.ReadOnlySpan
+	msgs := map[trace.SpanID]bool{}
+	for _, s := range tr.rec.Ended() {
+		switch s.Name() {
+		case "process orders batch":
+			batches = append(batches, s)
+		case "process orders":
+			msgs[s.SpanContext().SpanID()] = true
+			if len(s.Events()) < 2 {
+				t.Fatalf("message span events %v", s.Events())
+			}
+		}
+	}
+	links, size := 0, 0
+	for _, b := range batches {
+		n, _ := strconv.Atoi(attr(b, otelsluice.AttrBatchSize))
+		size += n
+		if len(b.Links()) != n || b.Parent().IsValid() {
+			t.Fatalf("batch span of %d with %d links, parent %v", n, len(b.Links()), b.Parent())
+		}
+		for _, l := range b.Links() {
+			links++
+			if !msgs[l.SpanContext.SpanID()] {
+				t.Fatalf("link to %v, not a message span", l.SpanContext.SpanID())
+			}
+		}
+	}
+	if len(batches) == 0 || len(msgs) != 3 || size != 3 || links != 3 {
+		t.Fatalf("%d batch spans (%d messages, %d links), %d message spans", len(batches), size, links, len(msgs))
+	}
 }
