@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -282,8 +283,20 @@ func (f *forming) add(m *Message) {
 
 // takeLocked moves queued messages into f while they fit; those that can
 // no longer make their deadline go to f.late. q.mu held.
+//
+// It takes the next messages in the queue's order while the batch, one
+// larger, would still end before its earliest deadline, and cuts it at the
+// first that would not. Under overload (the window at least three
+// quarters full: more waits in the broker) it first takes, in order, the
+// messages that would finish in time in a batch of the size the queue can
+// fill, leaving the others queued: batches stay full, so the route keeps
+// its capacity, and a stale message does not cut a batch short for the
+// fresher ones behind it (it runs in a smaller batch later, or expires).
 func (bt *batcher) takeLocked(f *forming, now time.Time) {
 	q := bt.r.queue
+	if target := min(bt.max, len(f.ms)+q.n); target > len(f.ms)+1 && bt.model.ok.Load() && bt.overloaded() {
+		bt.fillLocked(f, now, target)
+	}
 	for q.n > 0 && !f.full {
 		i := q.nextLocked()
 		m := q.at(i)
@@ -296,6 +309,58 @@ func (bt *batcher) takeLocked(f *forming, now time.Time) {
 		default:
 			f.full = true
 		}
+	}
+}
+
+// overloaded reports whether the route's window is at least three
+// quarters full.
+func (bt *batcher) overloaded() bool {
+	n, _ := bt.r.window.InUse()
+	return 4*n >= 3*bt.r.window.Limit()
+}
+
+// fillLocked takes into f, in the queue's order, the queued messages that
+// finish in time in a batch of target, up to target; those that cannot
+// make it even alone go to f.late. q.mu held.
+func (bt *batcher) fillLocked(f *forming, now time.Time, target int) {
+	q := bt.r.queue
+	full := now.Add(bt.model.high(target))
+	alone := now.Add(bt.model.high(1))
+	var take, late []int // queue indexes, in the queue's order
+	bytes, n := f.bytes, len(f.ms)
+	for j := 0; j < q.n && n < target; j++ {
+		i := j
+		if q.order == QueueLIFO {
+			i = q.n - 1 - j
+		}
+		m := q.at(i)
+		switch {
+		case m.deadline.IsZero() || full.Before(m.deadline):
+			if n > 0 && bytes+m.cost() > bt.maxBytes {
+				continue
+			}
+			take = append(take, i)
+			bytes += m.cost()
+			n++
+		case !alone.Before(m.deadline):
+			late = append(late, i)
+		}
+	}
+	if len(take)+len(late) == 0 {
+		return
+	}
+	// Remove from the highest index down, so the others stay in place.
+	picked := make(map[int]*Message, len(take)+len(late))
+	all := append(append(make([]int, 0, len(take)+len(late)), take...), late...)
+	slices.Sort(all)
+	for k := len(all) - 1; k >= 0; k-- {
+		picked[all[k]] = q.removeLocked(all[k])
+	}
+	for _, i := range take {
+		f.add(picked[i])
+	}
+	for _, i := range late {
+		f.late = append(f.late, picked[i])
 	}
 }
 

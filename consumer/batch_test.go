@@ -402,19 +402,7 @@ func TestBatchCutBeforeEarliestDeadline(t *testing.T) {
 			t.Fatal(err)
 		}
 		start(t, c)
-		// Learn: backlogs of several sizes, no deadlines.
-		id := 0
-		for round, size := range []int{1, 40, 5, 80, 20, 60, 2, 100, 10, 30} {
-			for range size {
-				src.Publish(fmt.Sprint("w", id), nil, nil, time.Time{})
-				id++
-			}
-			time.Sleep(time.Second)
-			synctest.Wait()
-			if got := c.Stats()[0].Settled[consumer.OutcomeSucceeded]; got != uint64(id) {
-				t.Fatalf("round %d: %d settled of %d", round, got, id)
-			}
-		}
+		id := learnBatchCost(t, src, c)
 		bs := c.Stats()[0].Batch
 		if bs.Fixed < 9*time.Millisecond || bs.Fixed > 11*time.Millisecond || bs.PerMessage < 900*time.Microsecond || bs.PerMessage > 1100*time.Microsecond {
 			t.Fatalf("learned %v + %v a message, want about 10ms + 1ms", bs.Fixed, bs.PerMessage)
@@ -438,6 +426,95 @@ func TestBatchCutBeforeEarliestDeadline(t *testing.T) {
 		}
 		t.Logf("deadline batches %v; succeeded %d, expired %d (early %d)", sizes, ok, s.Settled[consumer.OutcomeExpired], s.Overload.ExpiredEarly)
 	})
+}
+
+// learnBatchCost runs backlogs of several sizes without deadlines through
+// c (running, fed by src) so its route learns its batch cost, and returns
+// how many messages it ran.
+func learnBatchCost(t *testing.T, src *sluicetest.Source, c *consumer.Consumer) int {
+	t.Helper()
+	id := 0
+	for round, size := range []int{1, 40, 5, 80, 20, 60, 2, 100, 10, 30} {
+		for range size {
+			src.Publish(fmt.Sprint("w", id), nil, nil, time.Time{})
+			id++
+		}
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if got := c.Stats()[0].Settled[consumer.OutcomeSucceeded]; got != uint64(id) {
+			t.Fatalf("round %d: %d settled of %d", round, got, id)
+		}
+	}
+	return id
+}
+
+// Under overload (a full window) batches stay full: messages that could
+// make a small batch but not a full one are left behind (and expire) rather
+// than cutting the batch short for the fresher ones; without overload the
+// batch is cut for them instead, and every message makes it.
+func TestBatchOverloadKeepsBatchesFull(t *testing.T) {
+	for _, overload := range []bool{true, false} {
+		t.Run(fmt.Sprint("overload=", overload), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				src := sluicetest.NewSource()
+				var log batchLog
+				block := make(chan struct{})
+				r := batchRoute("r", src, func(ctx context.Context, b *consumer.Batch) error {
+					log.add(b)
+					if string(b.Messages[0].Key) == "blocker" {
+						<-block
+					}
+					time.Sleep(10*time.Millisecond + time.Duration(b.Len())*time.Millisecond)
+					return nil
+				})
+				r.Batch.MaxMessages = 20 // a window of 40
+				c, err := consumer.New(consumer.Options{}, r)
+				if err != nil {
+					t.Fatal(err)
+				}
+				start(t, c)
+				warm := learnBatchCost(t, src, c)
+				// The worker is busy while the others arrive.
+				src.Publish("blocker", nil, nil, time.Time{})
+				synctest.Wait()
+				loose := 9
+				if overload {
+					loose = 31 // with the blocker and the tight ones: the whole window
+				}
+				// 8 tight ones make a batch of 8 (about 18 ms), not of 20 (30 ms,
+				// plus the margins).
+				for i := range 8 {
+					src.Publish(fmt.Sprint("t", i), nil, deadlineIn(40*time.Millisecond), time.Time{})
+				}
+				for i := range loose {
+					src.Publish(fmt.Sprint("l", i), nil, deadlineIn(time.Hour), time.Time{})
+				}
+				synctest.Wait()
+				first := len(log.get())
+				close(block)
+				time.Sleep(time.Second)
+				synctest.Wait()
+				s := c.Stats()[0]
+				after := log.get()[first:]
+				ok := s.Settled[consumer.OutcomeSucceeded] - uint64(warm) - 1
+				if overload {
+					for _, b := range after {
+						for _, id := range b {
+							if id[0] == 't' {
+								t.Fatalf("batches %v: a tight message ran in a full window", after)
+							}
+						}
+					}
+					if len(after[0]) != 20 || ok != uint64(loose) || s.Settled[consumer.OutcomeExpired] != 8 || s.Late != 0 {
+						t.Fatalf("batches %v, succeeded %d, expired %d, late %d", after, ok, s.Settled[consumer.OutcomeExpired], s.Late)
+					}
+				} else if ok != uint64(8+loose) || s.Settled[consumer.OutcomeExpired] != 0 || s.Late != 0 {
+					t.Fatalf("batches %v, succeeded %d, expired %d, late %d", after, ok, s.Settled[consumer.OutcomeExpired], s.Late)
+				}
+				t.Logf("batches %v", after)
+			})
+		})
+	}
 }
 
 // The window bounds batches: messages in forming and running batches hold
