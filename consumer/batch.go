@@ -39,9 +39,13 @@ const DefaultBatchMessages = 100
 // queue's order (QueuePolicy.Order). Each worker runs one batch at a time,
 // so up to Workers batches run at once. Every message in a forming or
 // running batch keeps its window slot until it is settled, so the window
-// bounds batches as it bounds messages; with Window.Messages 0 a batch
-// route's window is 2 × Workers × MaxMessages (at most MaxWindowMessages),
-// room for every worker to run a full batch while the next ones form.
+// bounds batches as it bounds messages. With Window.Messages 0 a batch
+// route's window holds 2 × Workers × MaxMessages, room for every worker to
+// run a full batch while the next ones form, and finds its size as the
+// default window does (see WindowPolicy.Messages): while most of what it
+// fetches is dropped at once (a stale backlog to drain) it grows, up to
+// four times that (at least DefaultDrainWindow, at most
+// MaxWindowMessages), and shrinks back once drops stop.
 //
 // Deadlines: a message whose deadline passes while its batch forms is
 // settled as expired and never reaches the handler. The route learns how
@@ -179,7 +183,11 @@ func (r Route) batchDefaults() Route {
 	if p.MaxMessages == 0 {
 		p.MaxMessages = DefaultBatchMessages
 	}
-	if r.Window.Messages == 0 && !r.Window.Cost.Enabled() {
+	if r.Window.Messages == 0 && !r.Window.Cost.Enabled() && r.Overload.AdaptiveLimit == nil {
+		// The most a window that finds its size may grow to (New starts
+		// it at 2 × Workers × MaxMessages).
+		r.Window.Messages = min(max(8*r.Workers*p.MaxMessages, DefaultDrainWindow), MaxWindowMessages)
+	} else if r.Window.Messages == 0 && !r.Window.Cost.Enabled() {
 		r.Window.Messages = min(2*r.Workers*p.MaxMessages, MaxWindowMessages)
 	}
 	if p.MaxBytes == 0 {

@@ -140,12 +140,12 @@ func New(opts Options, routes ...Route) (*Consumer, error) {
 		if err != nil {
 			return nil, err
 		}
-		if given.Window.Messages == 0 && given.Overload.AdaptiveLimit == nil && !given.Window.Cost.Enabled() && given.BatchHandler == nil {
+		if given.Window.Messages == 0 && given.Overload.AdaptiveLimit == nil && !given.Window.Cost.Enabled() {
 			// The default window finds its size (drainWindow).
 			d := &r.drain
 			d.on, d.minFetch = true, given.Window.MinFetch == 0
 			d.hi = r.cfg.Window.Messages
-			d.lo = min(2*r.cfg.Workers, d.hi)
+			d.lo = min(2*r.cfg.Workers*max(r.batchMessages(), 1), d.hi)
 			d.limit = d.lo
 			r.setLimit(d.lo)
 		}

@@ -149,6 +149,11 @@ func (s *store) InsertBatch(ctx context.Context, b *consumer.Batch) error {
 	if err := ctx.Err(); err != nil {
 		return err // past the deadline: roll back, write nothing
 	}
+	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
+		// The same, when the ctx's timer has not fired yet (a busy
+		// machine runs it late).
+		return context.DeadlineExceeded
+	}
 	// The COMMIT is not cancelled by the deadline: a commit cut short on
 	// the client may still have happened on the server, and its messages
 	// would then be settled as expired with their rows written. Let it
