@@ -54,8 +54,11 @@ const DefaultBatchMessages = 100
 // its recent errors), and cuts a batch before the message whose addition
 // would make its predicted end pass the earliest deadline in it; a message
 // that could not finish in time even alone is settled as expired
-// (OverloadStats.ExpiredEarly). Before the first batch has run the route
-// checks deadlines only.
+// (OverloadStats.ExpiredEarly). Under overload (the window three quarters
+// full) a batch first takes the messages that make a batch of the size the
+// queue can fill in time, leaving staler ones queued (for a smaller batch,
+// or expiry) instead of cutting the batch short for them. Before the first
+// batch has run the route checks deadlines only.
 type BatchPolicy struct {
 	// MaxMessages is the most messages in one batch. 0 means
 	// DefaultBatchMessages. On a route with Window.Cost it still counts

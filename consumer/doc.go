@@ -187,7 +187,10 @@
 //     expired before its batch runs (0 handler runs for it); a batch is cut
 //     so that its predicted end (learned per route as a fixed cost plus a
 //     cost per message: RouteStats.Batch) comes before its earliest
-//     deadline, which the handler's ctx carries.
+//     deadline, which the handler's ctx carries. Under overload (the
+//     window three quarters full) a batch takes the messages that make a
+//     full batch in time, leaving staler ones to a smaller batch or to
+//     expiry, so batches stay full.
 //   - Order: with ByKey or ByPartition a batch holds each key's messages in
 //     delivery order. When one fails, its key's later messages in the
 //     batch are held, not settled: never acked ahead of it, they run again

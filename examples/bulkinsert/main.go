@@ -8,6 +8,7 @@ import (
 	"io"
 	"log"
 	"os"
+	"runtime/pprof"
 	"slices"
 	"sync"
 	"time"
@@ -31,6 +32,7 @@ var (
 	loadFlag    = flag.Float64("load", 3, "lab: offered rate as a multiple of the batch route's capacity")
 	deadFlag    = flag.Duration("deadline", 500*time.Millisecond, "lab: each order's deadline after its publish")
 	forFlag     = flag.Duration("for", 10*time.Second, "lab: how long orders are offered")
+	cpuFlag     = flag.String("cpuprofile", "", "write a CPU profile of the whole run to `FILE`")
 )
 
 func main() {
@@ -38,8 +40,19 @@ func main() {
 		return // ran as the unprivileged PostgreSQL starter (pg.go)
 	}
 	flag.Parse()
+	if *cpuFlag != "" {
+		f, err := os.Create(*cpuFlag)
+		if err != nil {
+			log.Fatal(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			log.Fatal(err)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	if err := run(context.Background(), os.Stdout); err != nil {
-		log.Fatal(err)
+		log.Print(err)
+		return
 	}
 }
 
