@@ -542,7 +542,12 @@ func (r *route) runBatch(ms []*Message, linger time.Duration) {
 	now := r.clock.Now()
 	keep := ms[:0]
 	for _, m := range ms {
-		if r.stopping.Load() || revoked(m) {
+		if msgState(m.state.Load()) != stateHeld {
+			// Another party claimed it (settled, or settling it) after it
+			// was queued: it is theirs, and never run.
+			continue
+		}
+		if revoked(m) || r.stopping.Load() && !r.runsAtShutdown(m) {
 			r.giveBack(m)
 			continue
 		}
