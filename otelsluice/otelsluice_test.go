@@ -297,7 +297,7 @@ func TestWindowWaitEvent(t *testing.T) {
 // spans; each message keeps its own span with the handler's start and end.
 func TestBatchSpanLinksMessages(t *testing.T) {
 	tr := newTracing(t)
-	tc := tr.tracer(otelsluice.Options{})
+	tc := tr.Tracer(otelsluice.Options{})
 	src := sluicetest.NewSource()
 	for _, k := range []string{"a", "b", "c"} {
 		src.Publish(k, []byte("v"), nil, time.Time{})
@@ -308,7 +308,7 @@ func TestBatchSpanLinksMessages(t *testing.T) {
 	}, func(s consumer.RouteStats) bool { return s.Settled[consumer.OutcomeSucceeded] == 3 })
 	var batches []sdktrace.ReadOnlySpan
 	msgs := map[trace.SpanID]bool{}
-	for _, s := range tr.rec.Ended() {
+	for _, s := range tr.Rec.Ended() {
 		switch s.Name() {
 		case "process orders batch":
 			batches = append(batches, s)
