@@ -771,3 +771,55 @@ func TestBatchHook(t *testing.T) {
 		})
 	}
 }
+
+// ByPartition: a batch carries many messages of one partition (its head
+// and the messages behind it), in delivery order, so batches are not
+// limited to one message per partition; across batches each partition's
+// messages still run in order.
+func TestBatchByPartitionKeepsOrder(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		src := sluicetest.NewSource()
+		for i := range 60 {
+			p := int32(i % 2)
+			src.PublishMsg(sluicetest.Msg{ID: fmt.Sprint(i), Key: []byte(fmt.Sprint(i)), Partition: p, Value: []byte(fmt.Sprintf("%d:%02d", p, i))})
+		}
+		var log batchLog
+		r := batchRoute("r", src, func(ctx context.Context, b *consumer.Batch) error {
+			ids := make([]string, b.Len())
+			for i, m := range b.Messages {
+				ids[i] = string(m.Value)
+			}
+			log.mu.Lock()
+			log.batches = append(log.batches, ids)
+			log.mu.Unlock()
+			return nil
+		})
+		r.Workers = 2
+		r.Ordering = consumer.ByPartition
+		r.Batch.MaxMessages = 20
+		c, err := consumer.New(consumer.Options{}, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stop := start(t, c)
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if err := stop(); err != nil {
+			t.Fatal(err)
+		}
+		last := map[byte]string{}
+		biggest := 0
+		for _, b := range log.get() {
+			biggest = max(biggest, len(b))
+			for _, v := range b {
+				if prev := last[v[0]]; v <= prev {
+					t.Fatalf("partition %c: %s ran after %s (batches %v)", v[0], v, prev, log.get())
+				}
+				last[v[0]] = v
+			}
+		}
+		if s := c.Stats()[0]; s.Settled[consumer.OutcomeSucceeded] != 60 || biggest <= 2 {
+			t.Fatalf("succeeded %d, biggest batch %d: want batches beyond one message a partition", s.Settled[consumer.OutcomeSucceeded], biggest)
+		}
+	})
+}
