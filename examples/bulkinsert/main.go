@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sluice-go/sluice/adapters/kafka/kafkatest"
 	"github.com/sluice-go/sluice/adapters/nats/natstest"
 	"github.com/sluice-go/sluice/consumer"
 	"github.com/sluice-go/sluice/sluicetest"
@@ -32,6 +33,7 @@ var (
 	loadFlag    = flag.Float64("load", 3, "lab: offered rate as a multiple of the batch route's capacity")
 	deadFlag    = flag.Duration("deadline", 500*time.Millisecond, "lab: each order's deadline after its publish")
 	forFlag     = flag.Duration("for", 10*time.Second, "lab: how long orders are offered")
+	brokerFlag  = flag.String("broker", "nats", "nats (an embedded JetStream server) or kafka ($KAFKA_BROKERS, else an in-process kfake cluster); -mode lab is NATS only")
 	cpuFlag     = flag.String("cpuprofile", "", "write a CPU profile of the whole run to `FILE`")
 )
 
@@ -93,7 +95,20 @@ func run(ctx context.Context, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	b := natsBroker{js: js}
+	var b broker = natsBroker{js: js}
+	switch *brokerFlag {
+	case "nats":
+	case "kafka":
+		cl, err := kafkatest.New() // $KAFKA_BROKERS, else an in-process kfake cluster
+		if err != nil {
+			return err
+		}
+		defer cl.Close()
+		fmt.Fprintf(out, "%s cluster at %v\n", cl.Kind(), cl.Brokers)
+		b = &kafkaBroker{cl: cl}
+	default:
+		return fmt.Errorf("bulkinsert: unknown -broker %q", *brokerFlag)
+	}
 	cfg := runConfig{Workers: *workersFlag, MaxBatch: *batchFlag}
 	msgs := orders("o", *nFlag, *poisonFlag)
 
