@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -822,4 +824,149 @@ func TestBatchByPartitionKeepsOrder(t *testing.T) {
 			t.Fatalf("succeeded %d, biggest batch %d: want batches beyond one message a partition", s.Settled[consumer.OutcomeSucceeded], biggest)
 		}
 	})
+}
+
+// Random batches under random faults keep the ledger: every message ends
+// exactly once for good (acked or terminated, never dropped by a Nak on its
+// last delivery), each ordered key's messages succeed in delivery order,
+// the stats add up and the window is empty at the end. One seed is one
+// reproducible run.
+func TestBatchLedgerUnderFaults(t *testing.T) {
+	for seed := range uint64(40) {
+		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				rng := rand.New(rand.NewPCG(seed, 27))
+				src := sluicetest.NewSource()
+				src.MaxDeliver = 3
+				src.HonorDelay = rng.IntN(2) == 0
+				src.Confirm = sluicetest.ConfirmMode(rng.IntN(2)) // at once, or async
+				var sink sluicetest.Sink
+				srng := rand.New(rand.NewPCG(seed, 7))
+				sinkOne := make(chan struct{}, 1)
+				sink.FailWith(func(*dlq.Letter) error {
+					sinkOne <- struct{}{}
+					defer func() { <-sinkOne }()
+					if srng.IntN(4) == 0 {
+						return errors.New("store down")
+					}
+					return nil
+				})
+				const n = 300
+				now := time.Now()
+				for i := range n {
+					var h consumer.Headers
+					if rng.IntN(3) == 0 {
+						h = consumer.Headers{expiry.DefaultHeader: {expiry.FormatDeadline(now.Add(time.Duration(rng.IntN(400)) * time.Millisecond))}}
+					}
+					src.PublishMsg(sluicetest.Msg{ID: fmt.Sprint(i), Key: []byte(fmt.Sprint("k", i%7)), Partition: int32(i % 3),
+						Value: []byte(fmt.Sprintf("%03d", i)), Headers: h})
+				}
+				var blog batchLog
+				one := make(chan struct{}, 1) // one handler draws at a time (a channel: durable for synctest)
+				hrng := rand.New(rand.NewPCG(seed, 99))
+				r := batchRoute("r", src, func(ctx context.Context, b *consumer.Batch) error {
+					one <- struct{}{}
+					defer func() { <-one }()
+					ids := make([]string, b.Len())
+					for i, m := range b.Messages {
+						ids[i] = fmt.Sprintf("%s/%d", m.Value, m.Attempt)
+					}
+					blog.mu.Lock()
+					blog.batches = append(blog.batches, ids)
+					blog.mu.Unlock()
+					time.Sleep(time.Duration(1+hrng.IntN(20)) * time.Millisecond)
+					switch hrng.IntN(10) {
+					case 0:
+						return errors.New("batch failed")
+					case 1:
+						panic("batch panicked")
+					}
+					for i := range b.Messages {
+						switch hrng.IntN(12) {
+						case 0:
+							b.Fail(i, consumer.Permanent(errors.New("poison")))
+						case 1:
+							b.Fail(i, errors.New("row failed"))
+						case 2:
+							b.Fail(i, backpressure.Overloaded(errors.New("busy")))
+						}
+					}
+					return nil
+				})
+				r.Workers = 1 + rng.IntN(4)
+				r.Batch.MaxMessages = 1 + rng.IntN(40)
+				r.Batch.Linger = time.Duration(rng.IntN(3)) * 5 * time.Millisecond
+				r.Ordering = consumer.Ordering(rng.IntN(3))
+				r.Retry.MaxAttempts = 3
+				r.DeadLetter.Sink = &sink
+				hook := &settledOrder{}
+				c, err := consumer.New(consumer.Options{Hook: hook}, r)
+				if err != nil {
+					t.Fatal(err)
+				}
+				stop := start(t, c)
+				time.Sleep(time.Minute)
+				synctest.Wait()
+				if err := stop(); err != nil {
+					t.Fatal(err)
+				}
+				ledger, errs := src.Ledger()
+				if len(errs) > 0 {
+					t.Fatal(errs)
+				}
+				for id, rec := range ledger {
+					if rec.Acks+rec.Terms != 1 || rec.Dropped || rec.Pending {
+						t.Fatalf("%s: %+v (workers %d, batch %d, ordering %v)", id, rec, r.Workers, r.Batch.MaxMessages, r.Ordering)
+					}
+				}
+				s := c.Stats()[0]
+				var sum uint64
+				for _, v := range s.Settled {
+					sum += v
+				}
+				if s.Fetched != sum || s.Held != 0 || s.Window.InUse != 0 || s.Window.InUseBytes != 0 || sluicetest.Final(s) != n {
+					t.Fatalf("stats %+v", s)
+				}
+				if r.Ordering == consumer.Unordered || src.Confirm != sluicetest.ConfirmAtOnce {
+					// With async confirmations the hook sees settlements in
+					// the order the confirmations come, not the order they
+					// were sent in.
+					return
+				}
+				// Acked messages of one key (ByKey) or partition (ByPartition)
+				// were acked in delivery order.
+				hook.mu.Lock()
+				defer hook.mu.Unlock()
+				last := map[string]string{}
+				for _, e := range hook.ids {
+					v, out, _ := strings.Cut(e, ":")
+					if out != consumer.OutcomeSucceeded.String() {
+						continue
+					}
+					i, err := strconv.Atoi(v)
+					if err != nil {
+						t.Fatal(err)
+					}
+					k := fmt.Sprint("k", i%7)
+					if r.Ordering == consumer.ByPartition {
+						k = fmt.Sprint("p", i%3)
+					}
+					if v <= last[k] {
+						var trail []string
+						for _, e := range hook.ids {
+							if strings.HasPrefix(e, v+":") || strings.HasPrefix(e, last[k]+":") {
+								trail = append(trail, e)
+							}
+						}
+						var bs []string
+						for _, b := range blog.get() {
+							bs = append(bs, fmt.Sprint(b))
+						}
+						t.Fatalf("%s: %s acked after %s (%v, confirm %d): settlements %v; batches %v", k, v, last[k], r.Ordering, src.Confirm, trail, bs)
+					}
+					last[k] = v
+				}
+			})
+		})
+	}
 }
