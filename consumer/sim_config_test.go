@@ -1,0 +1,338 @@
+package consumer_test
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"time"
+
+	"github.com/sluice-go/sluice/consumer"
+)
+
+// The simulation's configuration: everything a seed decides before the run
+// (routes, traffic, which faults may happen). Each part is drawn from its own
+// stream (simRand), so a shrunk run (fewer routes, fewer messages, fewer
+// fault kinds: simLimits) keeps every other draw of the seed unchanged.
+
+// Fault kinds a seed may enable; simLimits.faults masks them when shrinking.
+const (
+	fFetchError uint32 = 1 << iota
+	fSourceClosed
+	fSettleFail
+	fSettleHang
+	fSettlePending
+	fKeepAliveFail
+	fSinkFail
+	fSinkHang
+	fSinkSlow
+	fHandlerFail
+	fHandlerSlow
+	fHandlerStuck
+	fDuplicate
+	nFaultKinds = iota
+)
+
+var faultNames = [...]string{"fetch-error", "source-closed", "settle-fail", "settle-hang", "settle-pending",
+	"keepalive-fail", "sink-fail", "sink-hang", "sink-slow", "handler-fail", "handler-slow", "handler-stuck", "duplicate"}
+
+func faultString(mask uint32) string {
+	var s []string
+	for i := range nFaultKinds {
+		if mask&(1<<i) != 0 {
+			s = append(s, faultNames[i])
+		}
+	}
+	if len(s) == 0 {
+		return "none"
+	}
+	return strings.Join(s, ",")
+}
+
+// simLimits shrinks a seed's run: which of its drawn routes run, how many
+// messages each has at most, which fault kinds may happen.
+type simLimits struct {
+	routes uint8 // bit i: route i runs
+	msgs   int
+	faults uint32
+}
+
+var fullLimits = simLimits{routes: 0xf, msgs: 1 << 20, faults: 1<<nFaultKinds - 1}
+
+func (l simLimits) String() string {
+	return fmt.Sprintf("routes=%04b,msgs=%d,faults=%x", l.routes, l.msgs, l.faults)
+}
+
+func parseLimits(s string) (simLimits, error) {
+	l := fullLimits
+	_, err := fmt.Sscanf(s, "routes=%b,msgs=%d,faults=%x", &l.routes, &l.msgs, &l.faults)
+	return l, err
+}
+
+// simRand returns the stream of draws for one part of a seed's run.
+func simRand(seed uint64, parts ...uint64) *rand.Rand {
+	h := uint64(0x9e3779b97f4a7c15)
+	for _, p := range parts {
+		h ^= p + 0x9e3779b97f4a7c15 + h<<6 + h>>2
+		h *= 0xff51afd7ed558ccd
+		h ^= h >> 33
+	}
+	return rand.New(rand.NewPCG(seed, h))
+}
+
+// Stream tags.
+const (
+	tagGlobal = iota + 1
+	tagRoute
+	tagMsg
+	tagFetch
+	tagSettle
+	tagKeepAlive
+	tagSink
+	tagHandler
+	tagFaults
+)
+
+type deadlineKind int8
+
+const (
+	dlNone deadlineKind = iota
+	dlPast
+	dlTight
+	dlFar
+)
+
+type temperament int8
+
+const (
+	good temperament = iota
+	flaky
+	poison
+)
+
+type simMsg struct {
+	ID       int
+	Key      string // "" none
+	Part     int32
+	Size     int64
+	At       time.Duration // arrival after the start
+	Deadline deadlineKind
+	DlOff    time.Duration // deadline offset from arrival
+	Crit     string        // criticality header; "" none
+	Cost     int           // cost header; 0 none
+	NoOrigin bool          // Origin left empty (sluicetest.Source does)
+	Temper   temperament
+}
+
+type simRoute struct {
+	Index          int
+	Workers        int
+	Ordering       consumer.Ordering
+	WinMsgs        int
+	WinBytes       int64
+	Cost           bool
+	CostMaxRunning int
+	QueueOrder     consumer.QueueOrder
+	Drop           consumer.DropPolicy
+	MaxLength      int
+	MaxCost        int
+	NoExpiry       bool
+	ShedNear       time.Duration
+	OnShed         consumer.ShedAction
+	ShedDelay      time.Duration
+	MaxAttempts    int
+	BaseDelay      time.Duration
+	MaxDelay       time.Duration
+	RetryBudget    int // 0 none, 1 shared, 2 own
+	MaxDeliver     int
+	Sink           bool
+	OnExpired      consumer.ExpiredAction
+	OnOversize     consumer.OversizeAction
+	OnOverloaded   consumer.OverloadedAction
+	AckWait        time.Duration
+	KeepAlive      time.Duration
+	Adaptive       bool
+	Reserved       int64
+	Crit           int
+	Msgs           []simMsg
+}
+
+type simConfig struct {
+	Seed     uint64
+	Limits   simLimits
+	Grace    time.Duration
+	Span     time.Duration // arrivals happen within it
+	StopAt   time.Duration // Run's ctx ends then
+	Budget   int64         // 0: none
+	Resource bool
+	Hook     bool
+	Faults   uint32
+	Routes   []*simRoute
+}
+
+func (c *simConfig) has(f uint32) bool { return c.Faults&f != 0 }
+
+func pick[T any](r *rand.Rand, xs ...T) T { return xs[r.IntN(len(xs))] }
+
+func durBetween(r *rand.Rand, lo, hi time.Duration) time.Duration {
+	return lo + time.Duration(r.Int64N(int64(hi-lo)+1))
+}
+
+// genConfig draws seed's configuration, shrunk by lim.
+func genConfig(seed uint64, lim simLimits) *simConfig {
+	g := simRand(seed, tagGlobal)
+	c := &simConfig{Seed: seed, Limits: lim}
+	c.Grace = pick(g, 10*time.Millisecond, 100*time.Millisecond, 500*time.Millisecond, 2*time.Second) + time.Duration(g.IntN(1000))*time.Microsecond
+	c.Span = durBetween(g, 50*time.Millisecond, 2*time.Second)
+	c.StopAt = durBetween(g, c.Span/5, c.Span*3/2) + 317*time.Microsecond
+	c.Resource = g.IntN(5) == 0
+	c.Hook = g.IntN(5) != 0
+	nRoutes := 1 + g.IntN(4)
+	budget := g.IntN(4) == 0
+	// Faults: each kind on with its own probability, so many seeds are calm.
+	f := simRand(seed, tagFaults)
+	for i := range nFaultKinds {
+		if f.IntN(3) != 0 {
+			c.Faults |= 1 << i
+		}
+	}
+	c.Faults &= lim.faults
+	for i := range nRoutes {
+		r := genRoute(seed, i, c)
+		if lim.routes&(1<<i) == 0 {
+			continue
+		}
+		n := len(r.Msgs)
+		r.Msgs = r.Msgs[:min(n, lim.msgs)]
+		c.Routes = append(c.Routes, r)
+	}
+	if budget {
+		var total int64
+		for _, r := range c.Routes {
+			total += r.WinBytes
+		}
+		c.Budget = max(total/2, 256)
+	} else {
+		for _, r := range c.Routes {
+			r.Reserved = 0
+		}
+	}
+	return c
+}
+
+func genRoute(seed uint64, i int, c *simConfig) *simRoute {
+	g := simRand(seed, tagRoute, uint64(i))
+	r := &simRoute{Index: i}
+	r.Workers = 1 + g.IntN(4)
+	r.Ordering = pick(g, consumer.Unordered, consumer.Unordered, consumer.ByKey, consumer.ByPartition)
+	if g.IntN(3) != 0 {
+		r.WinMsgs = 1 + g.IntN(12)
+	}
+	r.WinBytes = pick[int64](g, 300, 1000, 4000, 1<<20)
+	if g.IntN(4) == 0 {
+		r.Cost = true
+		if g.IntN(2) == 0 {
+			r.CostMaxRunning = 1 + g.IntN(20)
+		}
+	}
+	r.QueueOrder = pick(g, consumer.QueueFIFO, consumer.QueueFIFO, consumer.QueueLIFO, consumer.QueueCheapestFirst)
+	r.Drop = pick(g, consumer.DropNewest, consumer.DropOldest, consumer.DropRandom, consumer.DropLowestCriticality)
+	if g.IntN(3) == 0 {
+		r.MaxLength = 1 + g.IntN(4)
+	}
+	if r.Cost && g.IntN(3) == 0 {
+		r.MaxCost = 1 + g.IntN(30)
+	}
+	r.NoExpiry = g.IntN(6) == 0
+	if g.IntN(3) == 0 {
+		r.ShedNear = durBetween(g, time.Millisecond, 30*time.Millisecond)
+	}
+	r.OnShed = pick(g, consumer.ShedNak, consumer.ShedAck)
+	r.ShedDelay = pick(g, 0, 5*time.Millisecond, 50*time.Millisecond)
+	r.MaxAttempts = 1 + g.IntN(5)
+	r.BaseDelay = durBetween(g, time.Millisecond, 30*time.Millisecond)
+	r.MaxDelay = r.BaseDelay * time.Duration(1+g.IntN(8))
+	r.RetryBudget = pick(g, 0, 0, 1, 2)
+	if g.IntN(2) == 0 {
+		r.MaxDeliver = 1 + g.IntN(5)
+		r.MaxAttempts = min(r.MaxAttempts, r.MaxDeliver)
+	}
+	r.Sink = g.IntN(4) != 0
+	r.OnExpired = pick(g, consumer.ExpiredAck, consumer.ExpiredTerm, consumer.ExpiredDeadLetter, consumer.ExpiredDeadLetter)
+	r.OnOversize = pick(g, consumer.OversizeAdmitAlone, consumer.OversizeDeadLetter)
+	r.OnOverloaded = pick(g, consumer.OverloadedNak, consumer.OverloadedDeadLetter)
+	if g.IntN(3) == 0 {
+		r.AckWait = durBetween(g, 30*time.Millisecond, 600*time.Millisecond)
+		if g.IntN(5) == 0 {
+			r.KeepAlive = -1
+		}
+	}
+	r.Adaptive = g.IntN(6) == 0
+	if g.IntN(3) == 0 {
+		r.Reserved = int64(g.IntN(int(r.WinBytes / 2)))
+	}
+	r.Crit = g.IntN(4)
+
+	nMsgs := 1 + g.IntN(60)
+	nKeys := 1 + g.IntN(8)
+	for j := range nMsgs {
+		m := simRand(seed, tagMsg, uint64(i), uint64(j))
+		s := simMsg{ID: j}
+		if m.IntN(5) != 0 {
+			if m.IntN(2) == 0 {
+				s.Key = "hot"
+			} else {
+				s.Key = fmt.Sprintf("k%d", m.IntN(nKeys))
+			}
+		}
+		s.Part = int32(m.IntN(3))
+		s.Size = 1 + m.Int64N(200)
+		if m.IntN(20) == 0 {
+			s.Size = r.WinBytes + 1 + m.Int64N(500) // larger than the window
+		}
+		s.At = time.Duration(m.Int64N(int64(c.Span)))
+		switch k := m.IntN(10); {
+		case k < 4:
+		case k < 5:
+			s.Deadline, s.DlOff = dlPast, -durBetween(m, time.Millisecond, 100*time.Millisecond)
+		case k < 8:
+			s.Deadline, s.DlOff = dlTight, durBetween(m, time.Millisecond, 60*time.Millisecond)
+		default:
+			s.Deadline, s.DlOff = dlFar, durBetween(m, 10*time.Second, time.Hour)
+		}
+		if m.IntN(4) == 0 {
+			s.Crit = pick(m, "SHEDDABLE", "SHEDDABLE_PLUS", "CRITICAL", "CRITICAL_PLUS", "bogus")
+		}
+		if m.IntN(3) == 0 {
+			s.Cost = 1 + m.IntN(30)
+		}
+		s.NoOrigin = m.IntN(3) == 0
+		switch k := m.IntN(10); {
+		case k < 6:
+			s.Temper = good
+		case k < 8:
+			s.Temper = flaky
+		default:
+			s.Temper = poison
+		}
+		r.Msgs = append(r.Msgs, s)
+	}
+	return r
+}
+
+// String is the configuration in one block, for a failing seed's report.
+func (c *simConfig) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "grace=%v span=%v stop=%v budget=%d resource=%v hook=%v faults=%s\n",
+		c.Grace, c.Span, c.StopAt, c.Budget, c.Resource, c.Hook, faultString(c.Faults))
+	for _, r := range c.Routes {
+		fmt.Fprintf(&b, "  route r%d: workers=%d %v window=%d/%dB cost=%v/%d queue=%d drop=%d maxlen=%d maxcost=%d noexpiry=%v shednear=%v onshed=%d sheddelay=%v attempts=%d backoff=%v..%v retrybudget=%d maxdeliver=%d sink=%v onexpired=%d onoversize=%d onoverloaded=%d ackwait=%v keepalive=%v adaptive=%v reserved=%d crit=%d msgs=%d\n",
+			r.Index, r.Workers, r.Ordering, r.WinMsgs, r.WinBytes, r.Cost, r.CostMaxRunning, r.QueueOrder, r.Drop, r.MaxLength, r.MaxCost,
+			r.NoExpiry, r.ShedNear, r.OnShed, r.ShedDelay, r.MaxAttempts, r.BaseDelay, r.MaxDelay, r.RetryBudget, r.MaxDeliver,
+			r.Sink, r.OnExpired, r.OnOversize, r.OnOverloaded, r.AckWait, r.KeepAlive, r.Adaptive, r.Reserved, r.Crit, len(r.Msgs))
+		for _, m := range r.Msgs {
+			fmt.Fprintf(&b, "    m%d key=%q part=%d size=%d at=%v deadline=%d%+v crit=%q cost=%d noorigin=%v temper=%d\n",
+				m.ID, m.Key, m.Part, m.Size, m.At, m.Deadline, m.DlOff, m.Crit, m.Cost, m.NoOrigin, m.Temper)
+		}
+	}
+	return b.String()
+}
