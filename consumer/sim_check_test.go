@@ -24,14 +24,15 @@ const (
 	invNotTwiceAtOnce = "no message runs twice at once"
 	invKeyOrder       = "an ordered route runs one message of a key at a time, in delivery order"
 	invWindow         = "the window and the Budget are never exceeded, and capacity comes back exactly once"
-	invNothingLost    = "nothing is lost: a message is abandoned only where this documentation says so"
+	invNothingLost    = "nothing is lost: a message is abandoned only where the contract says so"
 	invLastNotNaked   = "a last delivery is never nak'd"
 	invLetterFirst    = "a dead letter is written before its original is settled"
 	invRunReturns     = "Run returns within ShutdownGrace + ShutdownSlack"
-	invRunError       = "Run returns the error this documentation names"
+	invRunError       = "Run returns the error the contract names"
 	invNoLeak         = "no goroutine outlives Run"
 	invLedger         = "Fetched equals the sum of Settled plus Held, and counters never go backwards"
 	invKeptAlive      = "a held message is kept alive"
+	invHeldBackDelay  = "an ordered route runs a held-back message again only after its delay"
 )
 
 // ---- at each handler start (w.mu held) ----

@@ -18,6 +18,7 @@ var knownBugs = map[string]string{
 	"7":  "issue 24 item 7: a fetch loop retrying a dead letter makes shutdown stuck",
 	"N1": "new: a key's waiting message is stranded when its head settles after the workers stopped",
 	"N3": "new: Run waits without bound for a reaper whose dead-letter write ignores its ctx",
+	"N4": "new: after its Source closed, an ordered route runs held-back messages again at once: a shed one spins a worker until its deadline",
 	"N2": "new: a message larger than its window passes the Budget alone, even when larger than the Budget",
 }
 
@@ -66,6 +67,8 @@ func (w *simWorld) classify() {
 					v.known = "6"
 				}
 			}
+		case invHeldBackDelay:
+			v.known = "N4"
 		case invWindow:
 			if strings.Contains(v.detail, "not back after Run") && w.strandedOrdered() {
 				v.known = "N1"
@@ -81,7 +84,7 @@ func (w *simWorld) classify() {
 // settled nor given an outcome (N1); w.mu held.
 func (w *simWorld) strandedOrdered() bool {
 	for _, d := range w.all {
-		if w.broker(d).r.Ordering != consumer.Unordered && len(d.settles) == 0 && d.settled == nil && !d.last && d.letterTries == 0 && len(d.runs) == 0 {
+		if w.broker(d).r.Ordering != consumer.Unordered && len(d.settles) == 0 && d.settled == nil && d.letterTries == 0 && len(d.runs) == 0 {
 			return true
 		}
 	}

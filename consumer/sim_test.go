@@ -63,6 +63,7 @@ func TestSimulation(t *testing.T) {
 	first := envInt("SLUICE_SIM_START", 1)
 	survey := os.Getenv("SLUICE_SIM_SURVEY") != ""
 	strict := os.Getenv("SLUICE_SIM_STRICT") != ""
+	progress := os.Getenv("SLUICE_SIM_PROGRESS") != ""
 	known := map[string]simFailure{}
 	knownSeeds := map[string]int{}
 	begin := time.Now()
@@ -78,6 +79,9 @@ func TestSimulation(t *testing.T) {
 					return
 				}
 				seed := uint64(first) + uint64(i) - 1
+				if progress {
+					fmt.Fprintf(os.Stderr, "seed %d\n", seed)
+				}
 				vs := simulate(t, seed, fullLimits)
 				if len(vs) == 0 {
 					continue
