@@ -112,6 +112,7 @@ func (w *simWorld) checkStats(c *consumer.Consumer, prev []consumer.RouteStats, 
 	defer w.mu.Unlock()
 	w.fetchedEqualsSettledPlusHeldAndCountersNeverGoBackwards(st, prev, final)
 	w.windowAndBudgetNeverExceededCapacityBackOnce(st, final)
+	w.expiredEarlyIsCountedOnceAmongExpired(st)
 	return st
 }
 
@@ -148,6 +149,20 @@ func (w *simWorld) fetchedEqualsSettledPlusHeldAndCountersNeverGoBackwards(st, p
 		}
 		if back {
 			w.failf(invLedger, "route %s: a counter went backwards: %+v after %+v", s.Name, s.Settled, p.Settled)
+		}
+	}
+}
+
+// expiredEarlyIsCountedOnceAmongExpired: "ExpiredEarly counts messages
+// settled as expired (they are in Settled[OutcomeExpired])": a message
+// predicted late is one outcome, counted once.
+func (w *simWorld) expiredEarlyIsCountedOnceAmongExpired(st []consumer.RouteStats) {
+	for _, s := range st {
+		// Or, when its expired letter could not be written, DLQFailed or
+		// abandoned (a last delivery).
+		n := s.Settled[consumer.OutcomeExpired] + s.Settled[consumer.OutcomeDLQFailed] + s.Settled[consumer.OutcomeAbandoned]
+		if e := s.Overload.ExpiredEarly; e > n+uint64(s.Held) {
+			w.failf(invOneOutcome, "route %s: ExpiredEarly %d, but %d expired (or their letter failed) and %d held", s.Name, e, n, s.Held)
 		}
 	}
 }

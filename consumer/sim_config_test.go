@@ -165,6 +165,8 @@ type simConfig struct {
 	Budget   int64         // 0: none
 	Resource bool
 	Hook     bool
+	Drift    bool // slow handlers get faster over the run
+	Focus    bool // swarm: ordered routes with few keys, costs and deadlines
 	Faults   uint32
 	Routes   []*simRoute
 }
@@ -186,6 +188,8 @@ func genConfig(seed uint64, lim simLimits) *simConfig {
 	c.StopAt = durBetween(g, c.Span/5, c.Span*3/2) + 317*time.Microsecond
 	c.Resource = g.IntN(5) == 0
 	c.Hook = g.IntN(5) != 0
+	c.Drift = g.IntN(2) == 0
+	c.Focus = g.IntN(4) == 0
 	nRoutes := 1 + g.IntN(4)
 	budget := g.IntN(4) == 0
 	// Faults: each kind on with its own probability, so many seeds are calm.
@@ -232,7 +236,7 @@ func genRoute(seed uint64, i int, c *simConfig) *simRoute {
 	g := simRand(seed, tagRoute, uint64(i))
 	r := &simRoute{Index: i}
 	r.Workers = 1 + g.IntN(4)
-	r.Ordering = pick(g, consumer.Unordered, consumer.Unordered, consumer.ByKey, consumer.ByPartition)
+	r.Ordering = pick(g, consumer.Unordered, consumer.ByKey, consumer.ByKey, consumer.ByPartition)
 	if g.IntN(3) != 0 {
 		r.WinMsgs = 1 + g.IntN(12)
 	}
@@ -280,8 +284,20 @@ func genRoute(seed uint64, i int, c *simConfig) *simRoute {
 		r.Reserved = int64(g.IntN(int(r.WinBytes / 2)))
 	}
 	r.Crit = g.IntN(4)
+	if c.Focus {
+		// Swarm testing: some seeds pile features onto one place, where
+		// they meet (ordered keys, costs, deadlines, dead letters).
+		r.Ordering = pick(g, consumer.ByKey, consumer.ByPartition)
+		r.Cost = true
+		r.NoExpiry = false
+		r.OnExpired = consumer.ExpiredDeadLetter
+		r.Sink = true
+	}
 
 	nMsgs := 1 + g.IntN(60)
+	if g.IntN(8) == 0 {
+		nMsgs = 100 + g.IntN(200)
+	}
 	nKeys := 1 + g.IntN(8)
 	for j := range nMsgs {
 		m := simRand(seed, tagMsg, uint64(i), uint64(j))
@@ -294,6 +310,9 @@ func genRoute(seed uint64, i int, c *simConfig) *simRoute {
 			}
 		}
 		s.Part = int32(m.IntN(3))
+		if c.Focus {
+			s.Key, s.Part = pick(m, "hot", "hot", "k1"), int32(m.IntN(2))
+		}
 		s.Size = 1 + m.Int64N(200)
 		if m.IntN(20) == 0 {
 			s.Size = r.WinBytes + 1 + m.Int64N(500) // larger than the window
@@ -303,16 +322,21 @@ func genRoute(seed uint64, i int, c *simConfig) *simRoute {
 		case k < 4:
 		case k < 5:
 			s.Deadline, s.DlOff = dlPast, -durBetween(m, time.Millisecond, 100*time.Millisecond)
-		case k < 8:
+		case k < 6:
 			s.Deadline, s.DlOff = dlTight, durBetween(m, time.Millisecond, 60*time.Millisecond)
+		case k < 8:
+			s.Deadline, s.DlOff = dlTight, durBetween(m, 50*time.Millisecond, 1500*time.Millisecond)
 		default:
 			s.Deadline, s.DlOff = dlFar, durBetween(m, 10*time.Second, time.Hour)
 		}
 		if m.IntN(4) == 0 {
 			s.Crit = pick(m, "SHEDDABLE", "SHEDDABLE_PLUS", "CRITICAL", "CRITICAL_PLUS", "bogus")
 		}
-		if m.IntN(3) == 0 {
+		if m.IntN(3) == 0 || c.Focus {
 			s.Cost = 1 + m.IntN(30)
+		}
+		if c.Focus && s.Deadline != dlNone {
+			s.Deadline, s.DlOff = dlTight, durBetween(m, 20*time.Millisecond, 600*time.Millisecond)
 		}
 		s.NoOrigin = m.IntN(3) == 0
 		switch k := m.IntN(10); {
@@ -331,8 +355,8 @@ func genRoute(seed uint64, i int, c *simConfig) *simRoute {
 // String is the configuration in one block, for a failing seed's report.
 func (c *simConfig) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "grace=%v span=%v stop=%v budget=%d resource=%v hook=%v faults=%s\n",
-		c.Grace, c.Span, c.StopAt, c.Budget, c.Resource, c.Hook, faultString(c.Faults))
+	fmt.Fprintf(&b, "grace=%v span=%v stop=%v budget=%d resource=%v hook=%v drift=%v faults=%s\n",
+		c.Grace, c.Span, c.StopAt, c.Budget, c.Resource, c.Hook, c.Drift, faultString(c.Faults))
 	for _, r := range c.Routes {
 		fmt.Fprintf(&b, "  route r%d: workers=%d %v window=%d/%dB cost=%v/%d queue=%d drop=%d maxlen=%d maxcost=%d noexpiry=%v shednear=%v onshed=%d sheddelay=%v attempts=%d backoff=%v..%v retrybudget=%d maxdeliver=%d sink=%v onexpired=%d onoversize=%d onoverloaded=%d ackwait=%v keepalive=%v adaptive=%v reserved=%d crit=%d msgs=%d\n",
 			r.Index, r.Workers, r.Ordering, r.WinMsgs, r.WinBytes, r.Cost, r.CostMaxRunning, r.QueueOrder, r.Drop, r.MaxLength, r.MaxCost,

@@ -19,6 +19,7 @@ var knownBugs = map[string]string{
 	"N1": "new: a key's waiting message is stranded when its head settles after the workers stopped",
 	"N3": "new: Run waits without bound for a reaper whose dead-letter write ignores its ctx",
 	"N4": "new: after its Source closed, an ordered route runs held-back messages again at once: a shed one spins a worker until its deadline",
+	"N5": "new: after a stuck shutdown, a fetch loop that goes on sheds a message already abandoned (EventShed after EventSettled)",
 	"N2": "new: a message larger than its window passes the Budget alone, even when larger than the Budget",
 }
 
@@ -47,6 +48,16 @@ func (w *simWorld) classify() {
 				v.known = "7"
 			}
 		case invLedger, invOneOutcome, invNothingLost:
+			if strings.Contains(v.detail, "ExpiredEarly") {
+				for _, b := range w.routes {
+					if strings.HasPrefix(v.detail, "route r"+itoa(b.r.Index)+":") && b.r.Ordering != consumer.Unordered {
+						v.known = "2"
+					}
+				}
+			}
+			if strings.Contains(v.detail, "after its outcome abandoned") {
+				v.known = "N5"
+			}
 			if strings.Contains(v.detail, "still held after Run") || strings.Contains(v.detail, "has no outcome") ||
 				strings.Contains(v.detail, "abandoned at shutdown, and nothing was stuck") {
 				if w.strandedOrdered() {

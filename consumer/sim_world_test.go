@@ -600,7 +600,13 @@ func (w *simWorld) act(ctx context.Context, d *simDelivery, k int, m *consumer.M
 	switch {
 	case x < 40:
 	case x < 54 && w.cfg.has(fHandlerSlow):
-		if !w.sleep(ctx, durBetween(g, time.Millisecond, 200*time.Millisecond), true) && ctx.Err() != nil {
+		d := durBetween(g, time.Millisecond, 200*time.Millisecond)
+		if w.cfg.Drift {
+			// The downstream speeds up: what the route learned early
+			// overstates the handler's latency later.
+			d = max(time.Microsecond, d*time.Duration(max(0, w.cfg.Span-w.now()))/time.Duration(w.cfg.Span))
+		}
+		if !w.sleep(ctx, d, true) && ctx.Err() != nil {
 			return "slow", ctx.Err()
 		}
 		return "slow", nil
