@@ -166,7 +166,7 @@ type simConfig struct {
 	Resource bool
 	Hook     bool
 	Drift    bool // slow handlers get faster over the run
-	Focus    bool // swarm: ordered routes with few keys, costs and deadlines
+	Focus    int  // swarm: 1 ordered routes with few keys, costs and deadlines; 2 dead letters on last deliveries
 	Faults   uint32
 	Routes   []*simRoute
 }
@@ -189,7 +189,7 @@ func genConfig(seed uint64, lim simLimits) *simConfig {
 	c.Resource = g.IntN(5) == 0
 	c.Hook = g.IntN(5) != 0
 	c.Drift = g.IntN(2) == 0
-	c.Focus = g.IntN(4) == 0
+	c.Focus = pick(g, 0, 0, 0, 0, 1, 2)
 	nRoutes := 1 + g.IntN(4)
 	budget := g.IntN(4) == 0
 	// Faults: each kind on with its own probability, so many seeds are calm.
@@ -198,6 +198,9 @@ func genConfig(seed uint64, lim simLimits) *simConfig {
 		if f.IntN(3) != 0 {
 			c.Faults |= 1 << i
 		}
+	}
+	if c.Focus == 2 {
+		c.Faults |= fSinkFail
 	}
 	c.Faults &= lim.faults
 	for i := range nRoutes {
@@ -236,7 +239,7 @@ func genRoute(seed uint64, i int, c *simConfig) *simRoute {
 	g := simRand(seed, tagRoute, uint64(i))
 	r := &simRoute{Index: i}
 	r.Workers = 1 + g.IntN(4)
-	r.Ordering = pick(g, consumer.Unordered, consumer.ByKey, consumer.ByKey, consumer.ByPartition)
+	r.Ordering = pick(g, consumer.Unordered, consumer.Unordered, consumer.ByKey, consumer.ByPartition)
 	if g.IntN(3) != 0 {
 		r.WinMsgs = 1 + g.IntN(12)
 	}
@@ -284,7 +287,16 @@ func genRoute(seed uint64, i int, c *simConfig) *simRoute {
 		r.Reserved = int64(g.IntN(int(r.WinBytes / 2)))
 	}
 	r.Crit = g.IntN(4)
-	if c.Focus {
+	if c.Focus == 2 {
+		r.Sink = true
+		r.MaxDeliver = 1 + g.IntN(2)
+		r.MaxAttempts = min(r.MaxAttempts, r.MaxDeliver)
+		r.OnExpired, r.OnOversize = consumer.ExpiredDeadLetter, consumer.OversizeDeadLetter
+		if g.IntN(2) == 0 {
+			r.Ordering = consumer.Unordered
+		}
+	}
+	if c.Focus == 1 {
 		// Swarm testing: some seeds pile features onto one place, where
 		// they meet (ordered keys, costs, deadlines, dead letters).
 		r.Ordering = pick(g, consumer.ByKey, consumer.ByPartition)
@@ -310,7 +322,7 @@ func genRoute(seed uint64, i int, c *simConfig) *simRoute {
 			}
 		}
 		s.Part = int32(m.IntN(3))
-		if c.Focus {
+		if c.Focus == 1 {
 			s.Key, s.Part = pick(m, "hot", "hot", "k1"), int32(m.IntN(2))
 		}
 		s.Size = 1 + m.Int64N(200)
@@ -332,10 +344,10 @@ func genRoute(seed uint64, i int, c *simConfig) *simRoute {
 		if m.IntN(4) == 0 {
 			s.Crit = pick(m, "SHEDDABLE", "SHEDDABLE_PLUS", "CRITICAL", "CRITICAL_PLUS", "bogus")
 		}
-		if m.IntN(3) == 0 || c.Focus {
+		if m.IntN(3) == 0 || c.Focus == 1 {
 			s.Cost = 1 + m.IntN(30)
 		}
-		if c.Focus && s.Deadline != dlNone {
+		if c.Focus == 1 && s.Deadline != dlNone {
 			s.Deadline, s.DlOff = dlTight, durBetween(m, 20*time.Millisecond, 600*time.Millisecond)
 		}
 		s.NoOrigin = m.IntN(3) == 0
@@ -355,8 +367,8 @@ func genRoute(seed uint64, i int, c *simConfig) *simRoute {
 // String is the configuration in one block, for a failing seed's report.
 func (c *simConfig) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "grace=%v span=%v stop=%v budget=%d resource=%v hook=%v drift=%v faults=%s\n",
-		c.Grace, c.Span, c.StopAt, c.Budget, c.Resource, c.Hook, c.Drift, faultString(c.Faults))
+	fmt.Fprintf(&b, "grace=%v span=%v stop=%v budget=%d resource=%v hook=%v drift=%v focus=%d faults=%s\n",
+		c.Grace, c.Span, c.StopAt, c.Budget, c.Resource, c.Hook, c.Drift, c.Focus, faultString(c.Faults))
 	for _, r := range c.Routes {
 		fmt.Fprintf(&b, "  route r%d: workers=%d %v window=%d/%dB cost=%v/%d queue=%d drop=%d maxlen=%d maxcost=%d noexpiry=%v shednear=%v onshed=%d sheddelay=%v attempts=%d backoff=%v..%v retrybudget=%d maxdeliver=%d sink=%v onexpired=%d onoversize=%d onoverloaded=%d ackwait=%v keepalive=%v adaptive=%v reserved=%d crit=%d msgs=%d\n",
 			r.Index, r.Workers, r.Ordering, r.WinMsgs, r.WinBytes, r.Cost, r.CostMaxRunning, r.QueueOrder, r.Drop, r.MaxLength, r.MaxCost,

@@ -54,7 +54,12 @@ func TestSimulation(t *testing.T) {
 		defer func() { simTrace = nil }()
 		if vs := simulate(t, seed, lim); len(vs) > 0 {
 			for _, v := range vs {
-				t.Errorf("%s: %s", v.invariant, v.detail)
+				t.Errorf("%s: %s (known bug: %q)", v.invariant, v.detail, v.known)
+			}
+			if os.Getenv("SLUICE_SIM_SHRINK") != "" {
+				simTrace = nil
+				l := shrink(t, seed, vs[0].invariant)
+				t.Logf("shrunk: SLUICE_SIM_SEED=%d SLUICE_SIM_LIMITS='%v' go test ./consumer -run TestSimulation -v\n%v", seed, l, genConfig(seed, l))
 			}
 		}
 		return
