@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -112,6 +113,7 @@ func TestSimulation(t *testing.T) {
 		t.Logf("known bug %s (%s): %d seeds, first the %d-th (seed %d): %s: %s\n  replay: SLUICE_SIM_SEED=%d SLUICE_SIM_STRICT=1 go test ./consumer -run TestSimulation -v",
 			bug, knownBugs[bug], knownSeeds[bug], f.count, f.seed, f.vs[0].invariant, f.vs[0].detail, f.seed)
 	}
+	slices.SortFunc(failures, func(a, b simFailure) int { return a.count - b.count })
 	if survey {
 		for _, f := range failures {
 			t.Errorf("seed %d: %s: %s", f.seed, f.vs[0].invariant, f.vs[0].detail)
