@@ -54,18 +54,74 @@ type simLimits struct {
 	routes uint8 // bit i: route i runs
 	msgs   int
 	faults uint32
+	// drop lists, per route, messages left out ("" none): their IDs as
+	// comma-separated numbers or ranges ("3,7-9").
+	drop [4]string
 }
 
 var fullLimits = simLimits{routes: 0xf, msgs: 1 << 20, faults: 1<<nFaultKinds - 1}
 
 func (l simLimits) String() string {
-	return fmt.Sprintf("routes=%04b,msgs=%d,faults=%x", l.routes, l.msgs, l.faults)
+	s := fmt.Sprintf("routes=%04b,msgs=%d,faults=%x", l.routes, l.msgs, l.faults)
+	for i, d := range l.drop {
+		if d != "" {
+			s += fmt.Sprintf(" drop%d=%s", i, d)
+		}
+	}
+	return s
 }
 
 func parseLimits(s string) (simLimits, error) {
 	l := fullLimits
-	_, err := fmt.Sscanf(s, "routes=%b,msgs=%d,faults=%x", &l.routes, &l.msgs, &l.faults)
-	return l, err
+	fields := strings.Fields(s)
+	if len(fields) == 0 {
+		return l, fmt.Errorf("empty limits")
+	}
+	if _, err := fmt.Sscanf(fields[0], "routes=%b,msgs=%d,faults=%x", &l.routes, &l.msgs, &l.faults); err != nil {
+		return l, err
+	}
+	for _, f := range fields[1:] {
+		var i int
+		var d string
+		if _, err := fmt.Sscanf(f, "drop%d=%s", &i, &d); err != nil || i < 0 || i >= len(l.drop) {
+			return l, fmt.Errorf("bad %q", f)
+		}
+		l.drop[i] = d
+	}
+	return l, nil
+}
+
+// dropped reports whether message id is in the list (see simLimits.drop).
+func dropped(list string, id int) bool {
+	for _, part := range strings.Split(list, ",") {
+		var lo, hi int
+		if n, _ := fmt.Sscanf(part, "%d-%d", &lo, &hi); n == 2 {
+			if id >= lo && id <= hi {
+				return true
+			}
+		} else if n == 1 && id == lo {
+			return true
+		}
+	}
+	return false
+}
+
+// idList writes ids (sorted) as a drop list.
+func idList(ids []int) string {
+	var parts []string
+	for i := 0; i < len(ids); {
+		j := i
+		for j+1 < len(ids) && ids[j+1] == ids[j]+1 {
+			j++
+		}
+		if j > i {
+			parts = append(parts, fmt.Sprintf("%d-%d", ids[i], ids[j]))
+		} else {
+			parts = append(parts, fmt.Sprint(ids[i]))
+		}
+		i = j + 1
+	}
+	return strings.Join(parts, ",")
 }
 
 // simRand returns the stream of draws for one part of a seed's run.
@@ -210,6 +266,15 @@ func genConfig(seed uint64, lim simLimits) *simConfig {
 		}
 		n := len(r.Msgs)
 		r.Msgs = r.Msgs[:min(n, lim.msgs)]
+		if lim.drop[i] != "" {
+			kept := r.Msgs[:0]
+			for _, m := range r.Msgs {
+				if !dropped(lim.drop[i], m.ID) {
+					kept = append(kept, m)
+				}
+			}
+			r.Msgs = kept
+		}
 		c.Routes = append(c.Routes, r)
 	}
 	if !c.Hook {

@@ -193,19 +193,43 @@ func shrink(t *testing.T, seed uint64, invariant string) simLimits {
 		most = max(most, len(r.Msgs))
 	}
 	lim.msgs = most
-	for n := most / 2; n >= 1; n /= 2 {
-		l := lim
-		l.msgs = n
-		if !fails(l) {
-			break
+	for improved := true; improved && lim.msgs > 1; {
+		improved = false
+		for _, n := range []int{1, 2, lim.msgs / 8, lim.msgs / 4, lim.msgs / 2, lim.msgs * 3 / 4, lim.msgs - 1} {
+			if n < 1 || n >= lim.msgs {
+				continue
+			}
+			l := lim
+			l.msgs = n
+			if fails(l) {
+				lim, improved = l, true
+				break
+			}
 		}
-		lim = l
 	}
-	for n := lim.msgs - 1; n >= 1 && n >= lim.msgs-3; n-- {
-		l := lim
-		l.msgs = n
-		if fails(l) {
-			lim = l
+	// Then single messages, in chunks (delta debugging), within a budget
+	// of runs.
+	budget := 200
+	for _, r := range genConfig(seed, lim).Routes {
+		var ids, gone []int
+		for _, m := range r.Msgs {
+			ids = append(ids, m.ID)
+		}
+		for chunk := len(ids) / 2; chunk >= 1 && budget > 0; chunk /= 2 {
+			for start := 0; start < len(ids) && budget > 0; {
+				end := min(start+chunk, len(ids))
+				try := slices.Concat(gone, ids[start:end])
+				slices.Sort(try)
+				l := lim
+				l.drop[r.Index] = idList(try)
+				budget--
+				if fails(l) {
+					lim, gone = l, try
+					ids = slices.Delete(ids, start, end)
+					continue
+				}
+				start = end
+			}
 		}
 	}
 	for i := range nFaultKinds {
