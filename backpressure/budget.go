@@ -124,8 +124,8 @@ func (bg *Budget) take(s *share, held, b int64, oversize bool) bool {
 	}
 	if bg.sharedUsed+need > bg.poolLimit(s.class) {
 		// An oversized message still passes alone once the pool is idle,
-		// so it can never deadlock.
-		if !(oversize && bg.sharedUsed == 0) {
+		// so it can never deadlock; but never past the pool's size.
+		if !(oversize && bg.sharedUsed == 0 && need <= bg.total-bg.reserved) {
 			return false
 		}
 	}

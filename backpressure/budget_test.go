@@ -71,3 +71,33 @@ func TestCriticalityParseAndCap(t *testing.T) {
 		t.Fatal("Cap")
 	}
 }
+
+// A message larger than its window passes alone, but never through more
+// than the Budget can ever give the window: Admissible refuses it (the
+// consumer dead-letters it as oversize) instead of letting it take the pool
+// past its size. Found by the consumer's simulation (TestSimulation: "the
+// window and the Budget are never exceeded").
+func TestBudgetNeverAdmitsMoreThanItCanGive(t *testing.T) {
+	bg, err := NewBudget(300)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := mustWindow(t, 10, 100)
+	if err := bg.Attach(w, 0, Critical); err != nil {
+		t.Fatal(err)
+	}
+	if !w.Admissible(250) || !w.TryAcquire(1, 250) {
+		t.Fatal("a message larger than the window but within the Budget was refused")
+	}
+	if used, size := bg.InUse(); used != 250 || size != 300 {
+		t.Fatalf("pool %d of %d", used, size)
+	}
+	w.Release(1, 250)
+	if w.Admissible(731) {
+		t.Fatal("a message larger than the whole Budget is admissible")
+	}
+	if w.TryAcquire(1, 731) {
+		used, size := bg.InUse()
+		t.Fatalf("a message larger than the whole Budget was admitted: pool %d of %d", used, size)
+	}
+}

@@ -129,13 +129,14 @@ func (w *Window) BudgetBlocked() time.Duration {
 
 // Admissible reports whether a request of one message and b bytes can ever
 // be admitted: always without a Budget (a message larger than the window
-// passes alone), and with one only when b fits what the Budget can ever
-// give this window (its reserve plus the part of the shared pool its class
-// may use). A request that is not admissible would wait forever; callers
-// refuse it instead.
+// passes alone, once the window is empty), and with one only when b fits
+// what the Budget can ever give this window (its reserve plus the part of
+// the shared pool its class may use), whatever the window's size. A request
+// that is not admissible would wait forever, or take the Budget past its
+// size; callers refuse it instead.
 func (w *Window) Admissible(b int64) bool {
-	if w.budget == nil || b > w.maxBytes {
-		return true // larger than the window: admitted alone, once all is idle
+	if w.budget == nil {
+		return true
 	}
 	return w.budget.ceiling(w.share) >= b
 }

@@ -20,7 +20,6 @@ var knownBugs = map[string]string{
 	"N3": "new: Run waits without bound for a reaper whose dead-letter write ignores its ctx",
 	"N4": "new: after its Source closed, an ordered route runs held-back messages again at once: a shed one spins a worker until its deadline",
 	"N5": "new: after a stuck shutdown, a fetch loop that goes on sheds a message already abandoned (EventShed after EventSettled)",
-	"N2": "new: a message larger than its window passes the Budget alone, even when larger than the Budget",
 }
 
 // classify labels w's violations with the known bug they show; w.mu held.
