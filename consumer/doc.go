@@ -134,6 +134,7 @@
 //   - no message runs twice at once;
 //   - an ordered route runs one message of a key at a time, in delivery
 //     order;
+//   - an ordered route runs a held-back message again only after its delay;
 //   - the window and the Budget are never exceeded, and capacity comes back
 //     exactly once;
 //   - nothing is lost: a message is abandoned only where the contract says so;
