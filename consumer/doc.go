@@ -146,9 +146,10 @@
 //   - Fetched equals the sum of Settled plus Held, and counters never go
 //     backwards.
 //
-// CI runs 2,000 seeds (go test ./consumer -run TestSimulation -v);
-// SLUICE_SIM_SEEDS=100000 runs more, and a failing seed prints the command
-// that replays it and its shrunk configuration.
+// CI runs 2,000 seeds (go test ./consumer -run TestSimulation -v; 600
+// under -race); SLUICE_SIM_SEEDS=100000 (with -timeout 1h) runs more, and a
+// failing seed prints the command that replays it and its shrunk
+// configuration.
 //
 // # Ordering
 //
