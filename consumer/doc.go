@@ -182,7 +182,10 @@
 //   - Expiry: a message whose deadline passes, waiting or at the head of
 //     its key, is settled as expired without running and frees its slot
 //     at once; the key goes on. Dead letters and ShedAck release the key
-//     the same way: a settled message is never run later.
+//     the same way: a settled message is never run later. A message
+//     dead-lettered without running (expired, oversize) releases its key
+//     when that is decided: if the write fails, the route's letter
+//     retrier keeps it apart from its key, since it never runs here.
 //   - Shutdown: messages not started are handed back (Nak) in key order, a
 //     key's later message after its earlier ones, so a broker that
 //     redelivers in nak order (a JetStream durable: nak'd messages first,

@@ -82,7 +82,14 @@ func (w *simWorld) orderKey(d *simDelivery) string {
 	return ""
 }
 
-func released(o *simDelivery) bool { return len(o.settles) > 0 || o.settled != nil }
+// released reports whether o no longer holds its key: settled, or
+// dead-lettered without running (expired, oversize: Ordering, "Expiry":
+// the key goes on; when such a letter's write fails, the route's letter
+// retrier keeps it, off the key, for it never runs here). A message that
+// ran and whose letter failed keeps its key until the letter is written.
+func released(o *simDelivery) bool {
+	return len(o.settles) > 0 || o.settled != nil || o.letterStart != 0 && len(o.runs) == 0
+}
 
 func (w *simWorld) orderedRouteRunsOneOfAKeyAtATimeInDeliveryOrder(d *simDelivery) {
 	k := w.orderKey(d)
@@ -414,6 +421,13 @@ func defaultIf(d time.Duration) time.Duration {
 func (w *simWorld) deadLetterHasItsReason(d *simDelivery, last *simRun) {
 	switch d.letterClass {
 	case dlq.ClassOversize, consumer.ClassShed, dlq.ClassExpired:
+		return
+	case consumer.ClassShutdown:
+		// "At shutdown a last delivery is not handed back either: ... one
+		// that does not run ... is dead-lettered with class ClassShutdown."
+		if !d.last || w.stopAt.IsZero() || d.letterStart == 0 {
+			w.failf(invOneSettlement, "%s: dead-lettered (shutdown) but not a last delivery at shutdown (last %v)", d.id, d.last)
+		}
 		return
 	}
 	if last == nil {
