@@ -439,9 +439,12 @@ func (c *Consumer) Run(ctx context.Context) error {
 		stuckErr = errors.Join(stuckErr, fmt.Errorf("%w: a dead-letter write did not return (a sink ignored its ctx)", ErrStuckHandlers))
 	}
 	// A kept message released its key's next message when it was
-	// settled: an ordered route hands those back now.
+	// settled: an ordered route hands those back now, and from now on
+	// hands back at once what a settlement still to come releases (a
+	// stuck dead-letter write or settlement that returns late): no
+	// worker is left to run it.
 	for _, r := range c.routes {
-		r.returnQueued()
+		r.drainQueue()
 	}
 	// Wait for confirmations still outstanding, up to hardEnd.
 	for {
@@ -495,6 +498,15 @@ func (r *route) abandonStuck() int {
 		}
 	}
 	return n
+}
+
+// drainQueue marks the route's queue drained (requeue hands back instead of
+// queueing) and hands back what is queued.
+func (r *route) drainQueue() {
+	r.queue.mu.Lock()
+	r.queue.drained = true
+	r.queue.mu.Unlock()
+	r.returnQueued()
 }
 
 // returnQueued hands back every message still queued, once the workers

@@ -342,7 +342,7 @@ func (o *orderer) release(m *Message) {
 	}
 	o.mu.Unlock()
 	if next != nil {
-		o.r.queue.requeue(next)
+		o.requeue(next)
 	}
 }
 
@@ -366,7 +366,7 @@ func (o *orderer) holdBack(m *Message, v verdict) bool {
 		o.returned[m.Origin] = true
 		return false
 	}
-	if m.okey == nil || m.okey.head != m || msgState(m.state.Load()) != stateHeld {
+	if m.okey == nil || m.okey.head != m || msgState(m.state.Load()) != stateHeld || o.r.queue.isDrained() {
 		return false
 	}
 	m.Attempt++
@@ -390,7 +390,7 @@ func (o *orderer) due(m *Message) {
 	delete(o.delayed, m)
 	o.mu.Unlock()
 	if ok {
-		o.r.queue.requeue(m)
+		o.requeue(m)
 	}
 }
 
@@ -408,7 +408,7 @@ func (o *orderer) flush() {
 	clear(o.delayed)
 	o.mu.Unlock()
 	for _, m := range ms {
-		o.r.queue.requeue(m)
+		o.requeue(m)
 	}
 }
 
@@ -477,11 +477,31 @@ func (o *orderer) takeLate(now int64) (late []*Message, next int64) {
 }
 
 // requeue queues m for a worker without the queue's length limit: a key's
-// next message, or a held-back one coming back.
-func (q *queue) requeue(m *Message) {
+// next message, or a held-back one coming back. Once the route is drained
+// (Run is done with it: no worker will take m) it reports false and queues
+// nothing; the caller hands m back.
+func (q *queue) requeue(m *Message) bool {
 	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.drained {
+		return false
+	}
 	q.addLocked(m)
-	q.mu.Unlock()
+	return true
+}
+
+func (q *queue) isDrained() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.drained
+}
+
+// requeue queues m for a worker, or hands it back (giveBack) when the
+// route is drained; o.mu not held.
+func (o *orderer) requeue(m *Message) {
+	if !o.r.queue.requeue(m) {
+		o.r.giveBack(m)
+	}
 }
 
 // OrderStats is a snapshot of an ordered route's keys (zero on an

@@ -35,6 +35,9 @@ type queue struct {
 	head   int        // index of the oldest item
 	n      int
 	closed bool
+	// drained: Run is done with the route (its workers are gone): a
+	// message released to run now (requeue) is handed back instead.
+	drained bool
 
 	// earliest is the earliest start-by time (Message.startBy) pushed
 	// since the last reap, 0 if none; reap wakes the route's reaper when
