@@ -10,6 +10,7 @@ import (
 
 	"github.com/sluice-go/sluice/consumer"
 	"github.com/sluice-go/sluice/dlq"
+	"github.com/sluice-go/sluice/expiry"
 	"github.com/sluice-go/sluice/sluicetest"
 )
 
@@ -65,6 +66,57 @@ func TestKeyReleasedAfterRunIsHandedBack(t *testing.T) {
 		l := ledgerOf(t, src)
 		if rec := l["next"]; rec.Naks != 1 {
 			t.Errorf("next: %+v, want handed back (one Nak)", rec)
+		}
+	})
+}
+
+// N3 (found by TestSimulation): Run does not wait without limit for a
+// reaper whose dead-letter write ignores its ctx, on an Unordered route
+// and not a last delivery: it returns within the grace and slack with
+// ErrStuckHandlers (a sink ignored its ctx). Before core's bounded waits
+// (issue 24 item 1) it waited for the write.
+func TestReaperStuckInSinkDoesNotBlockRun(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		src := sluicetest.NewSource()
+		soon := expiry.FormatDeadline(time.Now().Add(time.Second))
+		src.PublishMsg(sluicetest.Msg{ID: "busy"})
+		src.PublishMsg(sluicetest.Msg{ID: "late", Headers: consumer.Headers{expiry.DefaultHeader: {soon}}})
+		unstick := make(chan struct{})
+		var writes atomic.Int64
+		sink := dlq.SinkFunc(func(context.Context, *dlq.Letter) error {
+			writes.Add(1)
+			<-unstick // ignores its ctx
+			return nil
+		})
+		r := route("r", src, func(ctx context.Context, m *consumer.Message) error {
+			<-ctx.Done()
+			return ctx.Err()
+		})
+		r.Workers, r.Window.Messages = 1, 8
+		r.DeadLetter = consumer.DeadLetterPolicy{Sink: sink, OnExpired: consumer.ExpiredDeadLetter}
+		const grace = time.Second
+		c, err := consumer.New(consumer.Options{ShutdownGrace: grace}, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stop := start(t, c)
+		time.Sleep(5 * time.Second) // "late" expires in the queue; the reaper's write hangs
+		synctest.Wait()
+		if writes.Load() != 1 {
+			t.Fatalf("%d letter writes, want the reaper's one", writes.Load())
+		}
+		err, took := stopWithin(t, stop, grace+consumer.ShutdownSlack+time.Second, func() { close(unstick) })
+		if !errors.Is(err, consumer.ErrStuckHandlers) || took > grace+consumer.ShutdownSlack {
+			t.Errorf("Run returned %v after %v, want ErrStuckHandlers within %v", err, took, grace+consumer.ShutdownSlack)
+		}
+		select {
+		case <-unstick:
+		default:
+			close(unstick)
+		}
+		synctest.Wait()
+		if s := c.Stats()[0]; s.Held != 0 || settledTotal(s) != s.Fetched {
+			t.Errorf("held %d, settled %v of %d", s.Held, s.Settled, s.Fetched)
 		}
 	})
 }
