@@ -399,6 +399,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 	hardEnd := graceEnd.Add(ShutdownSlack)
 	for _, r := range c.routes {
 		r.stopping.Store(true)
+		if r.order != nil {
+			// Held-back messages are handed back now, not after their
+			// delay (a route whose Source closed kept them delayed).
+			r.order.flush()
+		}
 	}
 	// Handlers (and kept letters) get the grace; settlements and
 	// dead-letter writes, wherever they run, are told to end halfway

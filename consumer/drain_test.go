@@ -120,3 +120,49 @@ func TestReaperStuckInSinkDoesNotBlockRun(t *testing.T) {
 		}
 	})
 }
+
+// N4 (found by TestSimulation): after an ordered route's Source closes
+// (ErrClosed, no shutdown), a message held back to run again keeps its
+// delay: the route's workers wait for it instead of running it again at
+// once (before, 50 attempts ran in the same instant; a message shed by
+// ShedNak spun a worker until its deadline). Backoff is full jitter, so
+// the test sums 49 backoffs of up to a second each: about 24 s, and under
+// 5 s with a probability below 1e-20.
+func TestHeldBackDelayAfterSourceClosed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		src := sluicetest.NewSource()
+		src.PublishMsg(sluicetest.Msg{ID: "m", Key: []byte("k"), Value: []byte("v")})
+		src.Close()
+		var runs []time.Time
+		r := route("r", src, func(context.Context, *consumer.Message) error {
+			runs = append(runs, time.Now())
+			return errors.New("retry me")
+		})
+		r.Ordering, r.Workers = consumer.ByKey, 1
+		r.Retry = consumer.RetryPolicy{MaxAttempts: 50, BaseDelay: time.Second, MaxDelay: time.Second}
+		// A second route goes on, so the consumer does not stop when the
+		// first route's Source closes.
+		other := route("other", sluicetest.NewSource(), func(context.Context, *consumer.Message) error { return nil })
+		c, err := consumer.New(consumer.Options{}, r, other)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stop := start(t, c)
+		settled := func() bool { s := c.Stats()[0]; return s.Fetched == 1 && s.Held == 0 }
+		for i := 0; i < 1200 && !settled(); i++ {
+			time.Sleep(100 * time.Millisecond) // virtual time: up to 2 minutes
+		}
+		if err := stop(); !errors.Is(err, consumer.ErrClosed) {
+			t.Errorf("Run returned %v, want ErrClosed", err)
+		}
+		if len(runs) != 50 {
+			t.Fatalf("%d runs, want 50", len(runs))
+		}
+		if took := runs[49].Sub(runs[0]); took < 5*time.Second {
+			t.Errorf("50 attempts took %v: held-back messages ran again without their delay", took)
+		}
+		if s := c.Stats()[0]; s.Held != 0 || s.Settled[consumer.OutcomeTerminated] != 1 {
+			t.Errorf("held %d, settled %v", s.Held, s.Settled)
+		}
+	})
+}

@@ -92,7 +92,7 @@ type orderer struct {
 	keys    map[string]map[string]*keyState // ByKey: scope (stream or topic) → key
 	parts   map[partKey]*keyState           // ByPartition
 	delayed map[*Message]*time.Timer        // heads waiting to be retried in place
-	closed  bool                            // the route's queue is closed: no more delays
+	closed  bool                            // the route is stopping: no more delays
 	// returned holds the messages handed back (on shutdown, or revoked):
 	// one fetched again before the route stopped is handed back at once,
 	// ahead of its key's later messages (deferGiveBack).
@@ -302,8 +302,9 @@ func (o *orderer) release(m *Message) {
 	var next *Message
 	if k.head == m {
 		if t, ok := o.delayed[m]; ok {
-			t.Stop()
+			t.Stop() // due finds it gone and does nothing
 			delete(o.delayed, m)
+			o.r.queue.unhold()
 		}
 		k.head = nil
 		if len(k.riders) > 0 {
@@ -342,7 +343,7 @@ func (o *orderer) release(m *Message) {
 	}
 	o.mu.Unlock()
 	if next != nil {
-		o.requeue(next)
+		o.requeue(next, false)
 	}
 }
 
@@ -376,6 +377,7 @@ func (o *orderer) holdBack(m *Message, v verdict) bool {
 	}
 	o.retries.Add(1)
 	if d := v.op.Delay; d > 0 && !o.closed {
+		o.r.queue.hold()
 		o.delayed[m] = time.AfterFunc(d, func() { o.due(m) })
 		return true
 	}
@@ -390,14 +392,21 @@ func (o *orderer) due(m *Message) {
 	delete(o.delayed, m)
 	o.mu.Unlock()
 	if ok {
-		o.requeue(m)
+		o.requeue(m, true)
 	}
 }
 
-// flush queues every held-back message at once; the route's queue calls it
-// when it closes (the route stops), so its workers hand them back (or, for
-// a Source that closed, run them) before they stop.
+// flush queues every held-back message at once, once the route stops
+// (Run's shutdown), so its workers hand them back before they stop; from
+// then on a message is not held back with a delay. The route's queue calls
+// it when it closes; when that is because the Source closed (ErrClosed),
+// the route is not stopping: held-back messages keep their delay and run
+// again when it is over, and the workers wait for them (queue.heldBack).
+// Run calls it again when the shutdown begins.
 func (o *orderer) flush() {
+	if !o.r.stopping.Load() {
+		return
+	}
 	o.mu.Lock()
 	o.closed = true
 	ms := make([]*Message, 0, len(o.delayed))
@@ -408,7 +417,7 @@ func (o *orderer) flush() {
 	clear(o.delayed)
 	o.mu.Unlock()
 	for _, m := range ms {
-		o.requeue(m)
+		o.requeue(m, true)
 	}
 }
 
@@ -480,14 +489,42 @@ func (o *orderer) takeLate(now int64) (late []*Message, next int64) {
 // next message, or a held-back one coming back. Once the route is drained
 // (Run is done with it: no worker will take m) it reports false and queues
 // nothing; the caller hands m back.
-func (q *queue) requeue(m *Message) bool {
+func (q *queue) requeue(m *Message) bool { return q.requeueHeld(m, false) }
+
+// requeueHeld is requeue for a message that was held back (counted in
+// heldBack), when held is set: it stops counting there as it is queued, in
+// one step, so no worker of a closed queue stops between the two.
+func (q *queue) requeueHeld(m *Message, held bool) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	if held {
+		q.unholdLocked()
+	}
 	if q.drained {
 		return false
 	}
 	q.addLocked(m)
 	return true
+}
+
+// hold counts a message held back; unhold one that no longer is.
+func (q *queue) hold() {
+	q.mu.Lock()
+	q.heldBack++
+	q.mu.Unlock()
+}
+
+func (q *queue) unhold() {
+	q.mu.Lock()
+	q.unholdLocked()
+	q.mu.Unlock()
+}
+
+func (q *queue) unholdLocked() {
+	q.heldBack--
+	if q.heldBack == 0 {
+		q.cond.Broadcast() // a closed queue's workers may stop now
+	}
 }
 
 func (q *queue) isDrained() bool {
@@ -497,9 +534,9 @@ func (q *queue) isDrained() bool {
 }
 
 // requeue queues m for a worker, or hands it back (giveBack) when the
-// route is drained; o.mu not held.
-func (o *orderer) requeue(m *Message) {
-	if !o.r.queue.requeue(m) {
+// route is drained; o.mu not held. held: m was held back (queue.heldBack).
+func (o *orderer) requeue(m *Message, held bool) {
+	if !o.r.queue.requeueHeld(m, held) {
 		o.r.giveBack(m)
 	}
 }

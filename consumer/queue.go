@@ -38,6 +38,10 @@ type queue struct {
 	// drained: Run is done with the route (its workers are gone): a
 	// message released to run now (requeue) is handed back instead.
 	drained bool
+	// heldBack counts the messages an ordered route holds back to run
+	// again after a delay (order.go): they come back through requeue, so
+	// a closed queue's workers wait for them instead of stopping.
+	heldBack int
 
 	// earliest is the earliest start-by time (Message.startBy) pushed
 	// since the last reap, 0 if none; reap wakes the route's reaper when
@@ -197,7 +201,7 @@ func (q *queue) pop() (*Message, bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for q.n == 0 || !q.mayTakeLocked() {
-		if q.n == 0 && q.closed {
+		if q.n == 0 && q.closed && q.heldBack == 0 {
 			return nil, false
 		}
 		q.cond.Wait()
@@ -242,7 +246,7 @@ func (q *queue) popFit() (*Message, bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for {
-		if q.n == 0 && q.closed {
+		if q.n == 0 && q.closed && q.heldBack == 0 {
 			return nil, false
 		}
 		if q.n > 0 && q.mayTakeLocked() {

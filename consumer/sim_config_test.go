@@ -277,15 +277,6 @@ func genConfig(seed uint64, lim simLimits) *simConfig {
 		}
 		c.Routes = append(c.Routes, r)
 	}
-	if !c.Hook {
-		// Known bug N4 (sim_known_test.go) spins a worker without letting
-		// virtual time pass; only the Hook can break the spin.
-		for _, r := range c.Routes {
-			if r.Ordering != consumer.Unordered && r.ShedNear > 0 {
-				c.Faults &^= fSourceClosed
-			}
-		}
-	}
 	if budget {
 		var total int64
 		for _, r := range c.Routes {

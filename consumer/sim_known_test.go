@@ -12,7 +12,6 @@ import (
 // invariants are not weakened: the classification only reads what the run
 // recorded. Remove an entry when its fix lands.
 var knownBugs = map[string]string{
-	"N4": "new: after its Source closed, an ordered route runs held-back messages again at once: a shed one spins a worker until its deadline",
 	"N5": "new: after a stuck shutdown, a fetch loop that goes on sheds a message already abandoned (EventShed after EventSettled)",
 }
 
