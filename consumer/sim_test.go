@@ -37,6 +37,9 @@ import (
 //
 // A failing seed prints the command that replays it and a shrunk
 // configuration: the fewest routes, messages and fault kinds that still fail.
+// A crash of the test binary (a panic in consumer code inside a seed's
+// bubble cannot be recovered) prints "sim: the test binary crashed while
+// running seed(s) …" after the panic (sim_crash_test.go).
 func TestSimulation(t *testing.T) {
 	if s := os.Getenv("SLUICE_SIM_SEED"); s != "" {
 		seed, err := strconv.ParseUint(s, 10, 64)
@@ -76,6 +79,8 @@ func TestSimulation(t *testing.T) {
 	var next, failed atomic.Int64
 	var mu sync.Mutex
 	var failures []simFailure
+	crash := newSimCrashWatch(t) // names the seeds a crash interrupts
+	defer crash.close()
 	var wg sync.WaitGroup
 	for range runtime.GOMAXPROCS(0) {
 		wg.Go(func() {
@@ -88,7 +93,9 @@ func TestSimulation(t *testing.T) {
 				if progress {
 					fmt.Fprintf(os.Stderr, "seed %d\n", seed)
 				}
+				crash.begin(seed)
 				vs := simulate(t, seed, fullLimits)
+				crash.end(seed)
 				if len(vs) == 0 {
 					continue
 				}
