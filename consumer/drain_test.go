@@ -3,6 +3,7 @@ package consumer_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -163,6 +164,107 @@ func TestHeldBackDelayAfterSourceClosed(t *testing.T) {
 		}
 		if s := c.Stats()[0]; s.Held != 0 || s.Settled[consumer.OutcomeTerminated] != 1 {
 			t.Errorf("held %d, settled %v", s.Held, s.Settled)
+		}
+	})
+}
+
+// gateSource hands out its first batch at once and its second only when
+// the test opens the gate, whatever its ctx says (a long poll that answers
+// late). Its ackers record the order of the Naks.
+type gateSource struct {
+	first, second []*consumer.Message
+	gate          chan struct{}
+	calls         atomic.Int64
+}
+
+func (s *gateSource) Attach(consumer.RouteLimits) (consumer.SourceInfo, error) {
+	return consumer.SourceInfo{}, nil
+}
+
+func (s *gateSource) Fetch(ctx context.Context, _ int, _ int64) ([]*consumer.Message, error) {
+	switch s.calls.Add(1) {
+	case 1:
+		return s.first, nil
+	case 2:
+		<-s.gate
+		return s.second, nil
+	}
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+type orderAcker struct {
+	name string
+	log  *[]string
+	mu   *sync.Mutex
+}
+
+func (a orderAcker) Settle(_ context.Context, s consumer.Settlement) error {
+	a.mu.Lock()
+	*a.log = append(*a.log, a.name+":"+s.Op.String())
+	a.mu.Unlock()
+	return nil
+}
+func (orderAcker) InProgress(context.Context) error { return nil }
+
+// An ordered route hands a key's messages back in order at shutdown, also
+// for messages without an Origin (sluicetest.Source, custom Sources): a
+// message fetched after the shutdown began is handed back after its key's
+// earlier messages, though another message without an Origin was handed
+// back before it. Before, the route remembered handed-back messages by
+// Origin alone, so after one such hand-back every message without an
+// Origin counted as a redelivery of it and was handed back at once, ahead
+// of its key.
+func TestShutdownHandsBackInKeyOrderWithoutOrigin(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var mu sync.Mutex
+		var log []string
+		msg := func(name, key string) *consumer.Message {
+			m := &consumer.Message{}
+			consumer.InitMessage(m, orderAcker{name: name, log: &log, mu: &mu})
+			m.Topic, m.Key, m.Value, m.Attempt = "t", []byte(key), []byte(name), 1
+			return m
+		}
+		src := &gateSource{
+			first:  []*consumer.Message{msg("k1", "k"), msg("k2", "k")},
+			second: []*consumer.Message{msg("j1", "j"), msg("k3", "k")},
+			gate:   make(chan struct{}),
+		}
+		r := route("r", src, func(ctx context.Context, m *consumer.Message) error {
+			if string(m.Value) == "k1" {
+				time.Sleep(time.Second) // runs into the shutdown, within the grace
+			}
+			return nil
+		})
+		r.Ordering, r.Workers, r.Window.Messages = consumer.ByKey, 1, 8
+		c, err := consumer.New(consumer.Options{ShutdownGrace: 5 * time.Second}, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- c.Run(ctx) }()
+		synctest.Wait() // k1 runs, k2 waits behind it, the second Fetch waits
+		if src.calls.Load() != 2 {
+			t.Fatalf("%d fetches, want the second one waiting", src.calls.Load())
+		}
+		cancel()
+		synctest.Wait()
+		close(src.gate) // the second batch arrives after the shutdown began
+		if err := <-done; err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		pos := map[string]int{}
+		for i, e := range log {
+			pos[e] = i + 1
+		}
+		if pos["k1:ack"] == 0 || pos["k2:nak"] == 0 || pos["k3:nak"] == 0 || pos["j1:nak"] == 0 {
+			t.Fatalf("settlements %v: want k1 acked, k2, k3 and j1 nak'd", log)
+		}
+		if pos["k3:nak"] < pos["k2:nak"] {
+			t.Errorf("settlements %v: k3 handed back before k2, its key's earlier message", log)
 		}
 	})
 }

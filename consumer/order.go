@@ -5,8 +5,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/sluice-go/sluice/dlq"
 )
 
 // Ordering says which of a route's messages may run at the same time, and in
@@ -95,8 +93,10 @@ type orderer struct {
 	closed  bool                            // the route is stopping: no more delays
 	// returned holds the messages handed back (on shutdown, or revoked):
 	// one fetched again before the route stopped is handed back at once,
-	// ahead of its key's later messages (deferGiveBack).
-	returned map[dlq.Origin]bool
+	// ahead of its key's later messages (deferGiveBack). Keyed like the
+	// failure memory (failures.keyOf: origin, topic, key and value), so
+	// Sources that leave Origin empty still tell messages apart.
+	returned map[failKey]bool
 	active   int // keys holding messages
 	idle     int // keys in the maps holding none (kept for reuse)
 	waiting  int // messages waiting for their key's head
@@ -362,9 +362,9 @@ func (o *orderer) holdBack(m *Message, v verdict) bool {
 		if o.returned == nil || len(o.returned) > 4*o.r.cfg.Window.Messages+1024 {
 			// A shutdown hands back at most what the route holds and one
 			// fetch more; older entries are from rebalances long past.
-			o.returned = map[dlq.Origin]bool{}
+			o.returned = map[failKey]bool{}
 		}
-		o.returned[m.Origin] = true
+		o.returned[o.r.failures.keyOf(m)] = true
 		return false
 	}
 	if m.okey == nil || m.okey.head != m || msgState(m.state.Load()) != stateHeld || o.r.queue.isDrained() {
@@ -428,7 +428,7 @@ func (o *orderer) flush() {
 func (o *orderer) deferGiveBack(m *Message) bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if m.okey != nil || o.returned[m.Origin] {
+	if m.okey != nil || o.returned[o.r.failures.keyOf(m)] {
 		return false // tracked, or a redelivery of what it handed back: earlier than what its key holds
 	}
 	k := o.key(m, false)
