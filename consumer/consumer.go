@@ -447,9 +447,18 @@ func (c *Consumer) Run(ctx context.Context) error {
 	// settled: an ordered route hands those back now, and from now on
 	// hands back at once what a settlement still to come releases (a
 	// stuck dead-letter write or settlement that returns late): no
-	// worker is left to run it.
+	// worker is left to run it. Handing back a last delivery writes its
+	// shutdown letter: a sink that ignores its ctx must not hold Run past
+	// hardEnd, so the hand-backs run off Run's goroutine.
+	var returning sync.WaitGroup
 	for _, r := range c.routes {
-		r.drainQueue()
+		r.queue.mu.Lock()
+		r.queue.drained = true
+		r.queue.mu.Unlock()
+		returning.Go(r.returnQueued)
+	}
+	if !waitUntil(&returning, hardEnd) {
+		stuckErr = errors.Join(stuckErr, fmt.Errorf("%w: a dead-letter write did not return (a sink ignored its ctx)", ErrStuckHandlers))
 	}
 	// Wait for confirmations still outstanding, up to hardEnd.
 	for {
@@ -503,15 +512,6 @@ func (r *route) abandonStuck() int {
 		}
 	}
 	return n
-}
-
-// drainQueue marks the route's queue drained (requeue hands back instead of
-// queueing) and hands back what is queued.
-func (r *route) drainQueue() {
-	r.queue.mu.Lock()
-	r.queue.drained = true
-	r.queue.mu.Unlock()
-	r.returnQueued()
 }
 
 // returnQueued hands back every message still queued, once the workers

@@ -268,3 +268,53 @@ func TestShutdownHandsBackInKeyOrderWithoutOrigin(t *testing.T) {
 		}
 	})
 }
+
+// Run writes no shutdown letter on its own goroutine past the slack (found
+// by TestSimulation, seed 968). An ordered route's kept head is abandoned
+// when the grace ends; its key's next message, a last delivery, is then
+// handed back by Run, which dead-letters it (ClassShutdown). That write
+// ignores its ctx: Run returns at the grace and slack with ErrStuckHandlers
+// instead of waiting for it (before: Run returned only when the write did,
+// with nil).
+func TestRunDoesNotWaitForAStuckShutdownLetter(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		src := sluicetest.NewSource()
+		src.MaxDeliver = 1
+		src.PublishMsg(sluicetest.Msg{ID: "head", Key: []byte("k"), Value: []byte("v")})
+		src.PublishMsg(sluicetest.Msg{ID: "next", Key: []byte("k"), Value: []byte("v")})
+		unstick := make(chan struct{})
+		sink := dlq.SinkFunc(func(_ context.Context, l *dlq.Letter) error {
+			if l.Class == consumer.ClassShutdown {
+				<-unstick // ignores its ctx
+				return nil
+			}
+			return errDown
+		})
+		r := route("r", src, func(context.Context, *consumer.Message) error {
+			return consumer.Permanent(errors.New("poison"))
+		})
+		r.Ordering, r.Workers, r.Retry.MaxAttempts = consumer.ByKey, 1, 1
+		r.DeadLetter.Sink = sink
+		const grace = time.Second
+		c, err := consumer.New(consumer.Options{ShutdownGrace: grace}, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stop := start(t, c)
+		time.Sleep(time.Second) // head's letter is kept, next waits behind it
+		synctest.Wait()
+		err, took := stopWithin(t, stop, grace+consumer.ShutdownSlack+time.Second, func() { close(unstick) })
+		if !errors.Is(err, consumer.ErrStuckHandlers) || took > grace+consumer.ShutdownSlack {
+			t.Errorf("Run returned %v after %v, want ErrStuckHandlers within %v", err, took, grace+consumer.ShutdownSlack)
+		}
+		select {
+		case <-unstick:
+		default:
+			close(unstick)
+		}
+		synctest.Wait()
+		if s := c.Stats()[0]; s.Held != 0 || s.Settled[consumer.OutcomeAbandoned] != 1 || s.Settled[consumer.OutcomeDeadLettered] != 1 {
+			t.Errorf("held %d, settled %v: want head abandoned, next dead-lettered (shutdown)", s.Held, s.Settled)
+		}
+	})
+}
