@@ -104,6 +104,23 @@ func (w *simWorld) orderedRouteRunsOneOfAKeyAtATimeInDeliveryOrder(d *simDeliver
 			w.failf(invKeyOrder, "%s started while %s of its key runs", d.id, o.id)
 		}
 		if o.fetchSeq < d.fetchSeq && o.lg != d.lg && !released(o) {
+			w.overtaken = append(w.overtaken, [2]*simDelivery{o, d})
+		}
+	}
+}
+
+// overtakenOnlyByWhatNeverRuns judges the pairs recorded at handler
+// starts: a later message of a key may start before an earlier one is
+// settled only when the earlier one never runs and was expired without
+// running (Ordering, "Expiry": the reaper takes it out of its key at once,
+// and writes its letter afterwards, one at a time).
+func (w *simWorld) overtakenOnlyByWhatNeverRuns() {
+	for _, p := range w.overtaken {
+		o, d := p[0], p[1]
+		expired := o.letterTried == dlq.ClassExpired ||
+			o.settled != nil && o.settled.e.Outcome == consumer.OutcomeExpired ||
+			!w.cfg.Hook && len(o.settles) > 0 && o.settles[0].s.Op != consumer.SettleNak
+		if len(o.runs) > 0 || !expired {
 			w.failf(invKeyOrder, "%s started before %s, fetched earlier with its key, was settled", d.id, o.id)
 		}
 	}
@@ -297,6 +314,7 @@ func firstLines(s string, n int) string {
 func (w *simWorld) checkDeliveries(runErr error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.overtakenOnlyByWhatNeverRuns()
 	for _, d := range w.all {
 		if w.cfg.Hook {
 			w.everyFetchedMessageEndsInExactlyOneOutcome(d)

@@ -37,7 +37,11 @@ type simWorld struct {
 	budget *backpressure.Budget
 	heal   chan struct{} // closed: every fault stops, every hang ends
 
-	mu                 sync.Mutex
+	mu sync.Mutex
+	// overtaken: (earlier, later) pairs of an ordered key where the later
+	// started while the earlier was neither settled nor lettered; judged
+	// once the run is over (overtakenOnlyByWhatNeverRuns).
+	overtaken          [][2]*simDelivery
 	seq                int64 // orders the records
 	healed             bool
 	routes             []*simBroker
