@@ -69,7 +69,7 @@ func Example_retryBudget() {
 // lowest arrival.
 func Example_queueShedding() {
 	src := sluicetest.NewSource()
-	release := make(chan struct{})
+	release, running := make(chan struct{}), make(chan struct{})
 	var ran []string
 	c, _ := consumer.New(consumer.Options{}, consumer.Route{
 		Name:    "orders",
@@ -77,6 +77,7 @@ func Example_queueShedding() {
 		Workers: 1,
 		Handler: func(ctx context.Context, m *consumer.Message) error {
 			if string(m.Key) == "first" {
+				close(running)
 				<-release // hold the worker while the others queue
 				return nil
 			}
@@ -90,9 +91,7 @@ func Example_queueShedding() {
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
 	src.Publish("first", nil, nil, time.Time{})
-	for c.Stats()[0].Fetched < 1 {
-		time.Sleep(time.Millisecond)
-	}
+	<-running // out of the queue: the queue's 2 places are for the others
 	for i := range 6 {
 		var h consumer.Headers
 		if i%2 == 1 {
