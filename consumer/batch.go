@@ -388,7 +388,7 @@ func (bt *batcher) take() (ms []*Message, linger time.Duration, ok bool) {
 	for len(f.ms) == 0 {
 		q.mu.Lock()
 		for q.n == 0 || !q.mayTakeLocked() {
-			if q.n == 0 && q.closed {
+			if q.n == 0 && q.closed && q.heldBack == 0 {
 				q.mu.Unlock()
 				return nil, 0, false
 			}
