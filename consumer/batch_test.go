@@ -666,7 +666,7 @@ func TestBatchShutdownReturnsForming(t *testing.T) {
 		ledger, errs := src.Ledger()
 		for id, rec := range ledger {
 			if counts(rec) != counts(sluicetest.Record{Deliveries: 1, Naks: 1}) {
-				t.Fatalf("%s: %+v", id, rec)
+				t.Fatalf("%s: %+v (ran %v)", id, rec, ran)
 			}
 		}
 		if s := c.Stats()[0]; ran || len(errs) > 0 || s.Settled[consumer.OutcomeReturned] != 3 {

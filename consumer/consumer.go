@@ -362,6 +362,14 @@ func (c *Consumer) Run(ctx context.Context) error {
 			errs[i] = err
 			errsMu.Unlock()
 			r.health.end(err, false)
+			if runCtx.Err() != nil {
+				// Shutdown, not a Source that closed: the route is
+				// stopping before its queue closes, so a worker the close
+				// wakes (a batch lingering for more) hands its messages
+				// back instead of running them. Run sets it too, but
+				// after this goroutine may have closed the queue.
+				r.stopping.Store(true)
+			}
 			r.queue.close()
 			if active.Add(-1) == 0 {
 				cancelRun() // every route has stopped: nothing more to do
