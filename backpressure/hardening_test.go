@@ -10,19 +10,23 @@ import (
 )
 
 // A negative Retrier.MaxDelay used to reach rand.N with a non-positive
-// argument and panic on the first retry; it now means no delay.
+// argument and panic on the first retry; it now means no delay. In fake
+// time, so "no delay" is exact: a wall-clock bound (500 ms) is what a
+// descheduled test on a loaded machine can exceed without any sleep.
 func TestRetrierNegativeMaxDelayDoesNotPanic(t *testing.T) {
-	r := Retrier{MaxDelay: -1}
-	calls := 0
-	fail := errors.New("down")
-	start := time.Now()
-	err := r.Do(context.Background(), func(context.Context) error { calls++; return fail })
-	if calls != 3 || !errors.Is(err, ErrRetriesExhausted) || !IsOverloaded(err) || !errors.Is(err, fail) {
-		t.Fatalf("calls %d err %v", calls, err)
-	}
-	if d := time.Since(start); d > 500*time.Millisecond {
-		t.Fatalf("negative MaxDelay slept %v", d)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		r := Retrier{MaxDelay: -1}
+		calls := 0
+		fail := errors.New("down")
+		start := time.Now()
+		err := r.Do(context.Background(), func(context.Context) error { calls++; return fail })
+		if calls != 3 || !errors.Is(err, ErrRetriesExhausted) || !IsOverloaded(err) || !errors.Is(err, fail) {
+			t.Fatalf("calls %d err %v", calls, err)
+		}
+		if d := time.Since(start); d != 0 {
+			t.Fatalf("negative MaxDelay slept %v", d)
+		}
+	})
 }
 
 // NaN slipped through range checks written as "x < lo || x > hi": a NaN
