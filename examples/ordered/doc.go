@@ -16,5 +16,6 @@
 //     go run ./examples/ordered
 //
 // It starts an embedded NATS server unless $NATS_URL is set, and prints
-// one line per ordering: time, events applied out of order, retries.
+// one line per ordering: time, events applied out of order, retries, and
+// the most events its handler ran at once.
 package main

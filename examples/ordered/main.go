@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -28,7 +29,9 @@ const (
 )
 
 func main() {
-	if _, err := run(os.Stdout); err != nil {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if _, err := run(ctx, os.Stdout); err != nil {
 		log.Fatal(err)
 	}
 }
@@ -40,11 +43,12 @@ type result struct {
 	outOfOrder int    // events applied after a later event of their account
 	applied    int    // distinct events applied
 	retries    uint64 // failed first attempts run again
+	peak       int64  // most handler runs at once
 }
 
-func run(out io.Writer) ([]result, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
+// run publishes the events and applies them under each ordering; ctx
+// bounds the whole run.
+func run(ctx context.Context, out io.Writer) ([]result, error) {
 	url := os.Getenv("NATS_URL")
 	if url == "" {
 		dir, err := os.MkdirTemp("", "sluice-ordered")
@@ -104,8 +108,8 @@ func run(out io.Writer) ([]result, error) {
 		if err != nil {
 			return nil, err
 		}
-		fmt.Fprintf(out, "%-12s %6v  %4d of %d events applied out of order, %d retried\n",
-			o, r.took.Round(10*time.Millisecond), r.outOfOrder, r.applied, r.retries)
+		fmt.Fprintf(out, "%-12s %6v  %4d of %d events applied out of order, %d retried, %d at once at most\n",
+			o, r.took.Round(10*time.Millisecond), r.outOfOrder, r.applied, r.retries, r.peak)
 		results = append(results, r)
 	}
 	return results, nil
@@ -124,7 +128,12 @@ func consume(ctx context.Context, js jetstream.JetStream, o consumer.Ordering) (
 	applied := map[string]int{} // account → highest sequence applied
 	seen := map[string]bool{}   // account/sequence applied
 	res := result{ordering: o}
+	var running, peak atomic.Int64
 	apply := func(_ context.Context, m *consumer.Message) error {
+		n := running.Add(1)
+		defer running.Add(-1)
+		for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+		}
 		time.Sleep(time.Millisecond) // the downstream call
 		if m.Attempt == 1 && rand.IntN(100) < 3 {
 			return errors.New("downstream timeout")
@@ -148,16 +157,20 @@ func consume(ctx context.Context, js jetstream.JetStream, o consumer.Ordering) (
 		return result{}, err
 	}
 	start := time.Now()
-	stats, err := sluicetest.RunUntil(ctx, c, 45*time.Second, func(s []consumer.RouteStats) bool {
+	stats, err := sluicetest.RunUntil(ctx, c, time.Hour, func(s []consumer.RouteStats) bool { // ctx bounds it
 		mu.Lock()
 		defer mu.Unlock()
 		return len(seen) == events
 	})
+	if err == nil {
+		err = ctx.Err()
+	}
 	if err != nil {
 		return result{}, err
 	}
 	res.took = time.Since(start)
 	res.applied = len(seen)
+	res.peak = peak.Load()
 	// An Unordered route nak's a failed event (OutcomeRetried); an ordered
 	// one retries it in place (Order.Retries).
 	res.retries = stats[0].Settled[consumer.OutcomeRetried] + stats[0].Order.Retries
