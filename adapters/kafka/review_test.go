@@ -123,8 +123,11 @@ func TestRetryHoldDoesNotBlock(t *testing.T) {
 	if err := src.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if d := time.Since(start); d > 5*time.Second {
-		t.Errorf("Close took %v", d)
+	// Close must not wait for the retries' not-before: it returns before
+	// they are due. (A fixed 5 s bound judged a loaded machine's Close,
+	// which leaves the group, not the wait.)
+	if d := time.Since(start); !time.Now().Before(notBefore) {
+		t.Errorf("Close took %v, until the retries were due", d)
 	}
 	if len(got) != n {
 		t.Fatalf("got %d of %d main-topic messages while retries wait for their not-before (stats %+v)", len(got), n, st)
