@@ -38,7 +38,9 @@ type replayRig struct {
 func newReplayRig(t testing.TB) *replayRig {
 	t.Helper()
 	js := natstest.JetStream(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	// A bound for a stuck rig, not a pace: seeding and replaying 10k
+	// letters ran past 90 s under -race -cpu 1 with a CPU hog.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	t.Cleanup(cancel)
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}}); err != nil {
 		t.Fatal(err)
