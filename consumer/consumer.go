@@ -53,7 +53,12 @@ type route struct {
 	drain    drainWindow // fetch loop only
 	costs    classCosts  // learned costs (Window.Cost.Class)
 	stopping atomic.Bool
-	log      errorLog
+	// fetchGone is closed once the fetch loop returned (or Run gave up on
+	// it): an ordered route's workers hand messages back only then (see
+	// giveBack).
+	fetchGone chan struct{}
+	endFetch  func()
+	log       errorLog
 	health   routeHealth // health.go
 	hooked               // Options.Hook for this route
 
@@ -350,6 +355,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 	active.Store(int32(len(c.routes)))
 	for i, r := range c.routes {
 		r.handlerCtx, r.settleCtx = handlerCtx, settleCtx
+		gone := make(chan struct{})
+		r.fetchGone, r.endFetch = gone, sync.OnceFunc(func() { close(gone) })
 		r.health.begin(time.Now())
 		for c := range r.classCtx {
 			r.classCtx[c] = backpressure.WithPressure(backpressure.WithCriticality(handlerCtx, backpressure.Criticality(c)), r.pressure)
@@ -358,6 +365,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		go func() {
 			defer fetchers.Done()
 			err := r.fetchLoop(runCtx)
+			r.endFetch() // before the queue closes: its close may hand messages back
 			errsMu.Lock()
 			errs[i] = err
 			errsMu.Unlock()
@@ -429,6 +437,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		// A fetch loop is inside a Source or sink call that ignores its
 		// ctx. Close the queues so the workers still finish.
 		for _, r := range c.routes {
+			r.endFetch()
 			r.queue.close()
 		}
 		stuckErr = errors.Join(stuckErr, fmt.Errorf("%w: a fetch loop did not return (a Source or dead-letter sink ignored its ctx)", ErrStuckHandlers))

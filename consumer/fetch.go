@@ -143,7 +143,7 @@ func (r *route) admit(ctx context.Context, msgs []*Message) int {
 			continue // abandoned by a shutdown that could not wait for us
 		}
 		if ctx.Err() != nil {
-			r.giveBack(m) // shutting down: hand it straight back
+			r.handBack(m) // shutting down: hand it straight back
 			continue
 		}
 		size := m.cost()
@@ -157,7 +157,7 @@ func (r *route) admit(ctx context.Context, msgs []*Message) int {
 			// shared budget meanwhile): wait. An oversized message waits
 			// here until the window is empty.
 			if err := r.window.Acquire(ctx, units, size); err != nil {
-				r.giveBack(m)
+				r.handBack(m)
 				continue
 			}
 		}
@@ -252,7 +252,21 @@ func (r *route) computeDeadline(m *Message) {
 // where a Nak would drop it: it is dead-lettered instead (ClassShutdown),
 // or, when it cannot be (no sink, the settlement deadline passed, or the
 // write fails past the grace), left unsettled.
+//
+// On an ordered route that is stopping it first waits until the fetch loop
+// returned: a message handed back may be redelivered to a fetch still in
+// flight, and the fetch loop hands that redelivery back again; had a worker
+// meanwhile handed back the key's next message, the broker would hold the
+// two in the wrong order. The fetch loop itself calls handBack.
 func (r *route) giveBack(m *Message) {
+	if r.order != nil && r.stopping.Load() {
+		<-r.fetchGone
+	}
+	r.handBack(m)
+}
+
+// handBack is giveBack without the wait, for the fetch loop.
+func (r *route) handBack(m *Message) {
 	if r.order != nil && r.order.deferGiveBack(m) {
 		return // handed back after the earlier messages of its key (order.go)
 	}

@@ -255,7 +255,7 @@ func (o *orderer) admit(ctx context.Context, m *Message) int {
 			o.mu.Lock()
 			o.full, o.room = nil, nil
 			o.mu.Unlock()
-			o.r.giveBack(m)
+			o.r.handBack(m) // the fetch loop's own: no wait for itself
 			return 0
 		}
 		o.mu.Lock()

@@ -695,3 +695,112 @@ func TestOrderWaitingExpiresInPlace(t *testing.T) {
 		}
 	})
 }
+
+// deafSource is a sluicetest.Source whose Fetch, like a client handing over
+// what it already received, may return a message that arrived after Run's
+// ctx ended; and which holds a redelivery of message "0" until message "1"
+// was nak'd (or a second passed): the race CI found, made certain.
+type deafSource struct {
+	*sluicetest.Source
+}
+
+func (s *deafSource) Fetch(ctx context.Context, n int, b int64) ([]*consumer.Message, error) {
+	for {
+		fctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		msgs, err := s.Source.Fetch(fctx, 1, b) // one at a time: a redelivery alone
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			continue
+		}
+		for _, m := range msgs {
+			if string(m.Value) == "0" && m.Attempt > 1 {
+				giveUp := time.After(time.Second)
+			wait:
+				for {
+					if l, _ := s.Ledger(); l["1"].Naks > 0 {
+						break
+					}
+					select {
+					case <-giveUp:
+						break wait
+					case <-time.After(time.Millisecond):
+					}
+				}
+			}
+		}
+		return msgs, nil
+	}
+}
+
+// TestOrderGiveBackWaitsForFetchInFlight: at shutdown an ordered route hands
+// a key's messages back in order even when the broker redelivers the first
+// one to a fetch still in flight: the key's later message is not handed
+// back before it (CI seed 1796320645251589571 of TestOrderProperty: a key's
+// head returned, redelivered to the stopping fetch loop, and handed back
+// again after its key's next message, so the next consumer ran them out of
+// order). The workers hand back an ordered route's messages once its fetch
+// loop has returned.
+func TestOrderGiveBackWaitsForFetchInFlight(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		src := &deafSource{sluicetest.NewSource()}
+		src.RedeliverFirst = true
+		for i := range 2 {
+			src.PublishMsg(sluicetest.Msg{ID: strconv.Itoa(i), Key: []byte("k"), Value: []byte(strconv.Itoa(i))})
+		}
+		var mu sync.Mutex
+		var runs []string
+		started, proceed := make(chan struct{}), make(chan struct{})
+		var first atomic.Bool
+		route := consumer.Route{
+			Name: "ordered", Source: src, Workers: 2, Ordering: consumer.ByKey,
+			Retry: consumer.RetryPolicy{MaxAttempts: 3, BaseDelay: time.Millisecond},
+			Handler: func(_ context.Context, m *consumer.Message) error {
+				mu.Lock()
+				runs = append(runs, string(m.Value))
+				mu.Unlock()
+				if string(m.Value) == "0" && first.CompareAndSwap(false, true) {
+					close(started)
+					<-proceed
+					return errors.New("flaky")
+				}
+				return nil
+			},
+		}
+		c, err := consumer.New(consumer.Options{ShutdownGrace: 5 * time.Second}, route)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error)
+		go func() { done <- c.Run(ctx) }()
+		<-started
+		synctest.Wait() // "1" waits behind "0"; the fetch loop is in Fetch
+		cancel()
+		synctest.Wait()
+		close(proceed) // "0" fails while the route stops: it is handed back
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if s := c.Stats()[0]; s.Settled[consumer.OutcomeReturned] < 2 {
+			t.Fatalf("first run settled %v, want both returned", s.Settled)
+		}
+		mu.Lock()
+		runs = nil
+		mu.Unlock()
+		c2, err := consumer.New(consumer.Options{}, route)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := sluicetest.RunUntil(context.Background(), c2, time.Minute, func([]consumer.RouteStats) bool { return src.Settled() == 2 }); err != nil {
+			t.Fatal(err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if got := fmt.Sprint(runs); got != "[0 1]" {
+			t.Fatalf("the second consumer ran %s: the key's messages came back out of order", got)
+		}
+	})
+}
