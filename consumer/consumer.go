@@ -59,8 +59,8 @@ type route struct {
 	fetchGone chan struct{}
 	endFetch  func()
 	log       errorLog
-	health   routeHealth // health.go
-	hooked               // Options.Hook for this route
+	health    routeHealth // health.go
+	hooked                // Options.Hook for this route
 
 	handlerCtx context.Context
 	settleCtx  context.Context
