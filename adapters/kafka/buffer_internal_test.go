@@ -5,10 +5,12 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/sluice-go/sluice/internal/kafkacore"
 )
 
 func testPart(g *generation, id int) *partition {
-	return &partition{gen: g, id: id, wm: NewWatermark()}
+	return &partition{gen: g, Part: kafkacore.Part[*record]{Gen: &g.Gen}, id: id, wm: NewWatermark()}
 }
 
 func recsOf(p *partition, n int, size int64) []*record {
@@ -35,27 +37,27 @@ func TestAdmitKeepsWhatFits(t *testing.T) {
 		{1000, 640, []int{3, 2, 1}},        // byte-bound (100 B records, one partition shorter)
 		{2000, 1 << 20, []int{1000, 2, 1}}, // everything fits
 	} {
-		b := newBuffer(c.maxCount, c.maxBytes, 0, 0)
-		grant, _, err := b.reserve(context.Background(), 1<<20, nil)
+		b := kafkacore.NewBuffer[*record](c.maxCount, c.maxBytes, 0, 0)
+		grant, _, err := b.Reserve(context.Background(), 1<<20, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
 		lists := [][]*record{recsOf(ps[0], 1000, 100), recsOf(ps[1], 2, 100), recsOf(ps[2], 1, 100)}
-		kept := b.admit(grant, lists, nil)
+		kept := b.Admit(grant, lists, nil)
 		for i := range kept {
 			if kept[i] != c.want[i] {
 				t.Fatalf("budget %d/%d: kept %v, want %v", c.maxCount, c.maxBytes, kept, c.want)
 			}
 		}
-		n, bytes, peak, peakN := b.usage()
+		n, bytes, peak, peakN := b.Usage()
 		if n > c.maxCount || bytes > c.maxBytes || peak > max(c.maxBytes, grant) || peakN > c.maxCount {
 			t.Fatalf("budget %d/%d: holds %d records / %d bytes (peak %d / %d)", c.maxCount, c.maxBytes, n, bytes, peakN, peak)
 		}
 	}
 	// A record larger than the whole budget still goes through alone.
-	b := newBuffer(8, 50, 0, 0)
-	grant, _, _ := b.reserve(context.Background(), 1<<20, nil)
-	if kept := b.admit(grant, [][]*record{recsOf(ps[0], 3, 100)}, nil); kept[0] != 1 {
+	b := kafkacore.NewBuffer[*record](8, 50, 0, 0)
+	grant, _, _ := b.Reserve(context.Background(), 1<<20, nil)
+	if kept := b.Admit(grant, [][]*record{recsOf(ps[0], 3, 100)}, nil); kept[0] != 1 {
 		t.Fatalf("oversize record: kept %v, want 1", kept)
 	}
 }
@@ -63,14 +65,14 @@ func TestAdmitKeepsWhatFits(t *testing.T) {
 // take serves the partitions round robin, whatever order they filled in.
 func TestTakeRoundRobin(t *testing.T) {
 	g := &generation{kick: make(chan struct{}, 1)}
-	b := newBuffer(10000, 1<<30, 0, 0)
+	b := kafkacore.NewBuffer[*record](10000, 1<<30, 0, 0)
 	ps := []*partition{testPart(g, 0), testPart(g, 1), testPart(g, 2)}
 	for _, p := range ps {
 		rs := recsOf(p, 100, 1)
-		b.admit(0, [][]*record{rs}, nil)
-		b.publish(p, rs)
+		b.Admit(0, [][]*record{rs}, nil)
+		b.Publish(&p.Part, rs)
 	}
-	out, _ := b.take(time.Now(), 30, 1<<30, nil)
+	out, _ := b.Take(time.Now(), 30, 1<<30, nil)
 	counts := map[int]int{}
 	for i, r := range out {
 		counts[r.part.id]++
@@ -92,24 +94,24 @@ func TestTakeRoundRobin(t *testing.T) {
 // buffer lock.
 func TestTakeCountsOutstanding(t *testing.T) {
 	for range 200 {
-		b := newBuffer(1000, 1<<20, 0, 0)
+		b := kafkacore.NewBuffer[*record](1000, 1<<20, 0, 0)
 		g := &generation{kick: make(chan struct{}, 1)}
-		p := &partition{gen: g, wm: NewWatermark()}
+		p := &partition{gen: g, Part: kafkacore.Part[*record]{Gen: &g.Gen}, wm: NewWatermark()}
 		var recs []*record
 		for i := range 50 {
 			r := &record{part: p, offset: int64(i), size: 1}
 			p.wm.Deliver(r.offset)
 			recs = append(recs, r)
 		}
-		b.admit(0, [][]*record{recs}, nil)
-		b.publish(p, recs)
+		b.Admit(0, [][]*record{recs}, nil)
+		b.Publish(&p.Part, recs)
 		var taken int64 // written by the taker only until purge returns
 		var wg sync.WaitGroup
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for {
-				out, _ := b.take(time.Now(), 1, 1<<20, nil)
+				out, _ := b.Take(time.Now(), 1, 1<<20, nil)
 				if len(out) == 0 {
 					return
 				}
@@ -118,52 +120,12 @@ func TestTakeCountsOutstanding(t *testing.T) {
 		}()
 		// The generation ends while take runs.
 		time.Sleep(time.Duration(len(recs)%7) * time.Microsecond)
-		g.ending.Store(true)
-		b.purge(g)
-		seen := g.outstanding.Load()
+		g.Ending.Store(true)
+		b.Purge(&g.Gen)
+		seen := g.Outstanding.Load()
 		wg.Wait()
 		if seen != taken {
 			t.Fatalf("after the generation ended, outstanding was %d but take had handed out %d", seen, taken)
 		}
-	}
-}
-
-// TestWatermarkStuckMemory: one offset stays unsettled (a stuck handler)
-// while the partition's next 200k offsets are delivered and settled. The
-// commit point holds at the stuck offset, and the tracker keeps memory for
-// the pending offsets only. Before the fix it kept every offset delivered
-// after the stuck one until that one settled: memory grew with the
-// throughput of the partition for as long as the handler was stuck.
-func TestWatermarkStuckMemory(t *testing.T) {
-	w := NewWatermark()
-	const stuck = 7
-	for o := int64(0); o < 200_000; o++ {
-		w.Deliver(o)
-		if o != stuck && o%1000 != 999 {
-			w.Settle(o)
-		}
-		if o%1000 == 999 {
-			w.Settle(o - 1000) // a window of pending ones trails behind
-		}
-	}
-	if p, _ := w.Point(); p != stuck {
-		t.Fatalf("point %d, want the stuck offset %d", p, stuck)
-	}
-	w.mu.Lock()
-	kept, pending := len(w.offs)-w.head, w.pending
-	w.mu.Unlock()
-	if kept > 2*pending+1100 {
-		t.Fatalf("tracker keeps %d offsets for %d pending", kept, pending)
-	}
-	w.Settle(stuck)
-	if p, _ := w.Point(); p != 199_999 {
-		t.Fatalf("point after release %d, want 199999 (the last pending)", p)
-	}
-	w.Settle(199_999)
-	if p, _ := w.Point(); p != 200_000 || w.Pending() != 0 {
-		t.Fatalf("final point %d, pending %d", p, w.Pending())
-	}
-	if w.Settle(5) || w.Settle(stuck) {
-		t.Fatal("a second settle of a compacted offset was accepted")
 	}
 }

@@ -140,6 +140,14 @@
 // rebalances, so that Source cannot fence commits by generation (see its
 // doc for what that means).
 //
+// # The Kafka core
+//
+// What makes this Source correct does not depend on kafka-go: the
+// watermarks and the settled map, the prefetch buffer and its fairness,
+// the retry headers and their clamp, header order and murmur2 live in the
+// core module (internal/kafkacore), shared with sluice's other Kafka
+// client adapters; this package is the kafka-go layer over it.
+//
 // # Deadlines
 //
 // Message.PublishedAt is the record timestamp (the original's for retries),

@@ -3,6 +3,8 @@ package kafkaadapter
 import (
 	"context"
 	"net"
+
+	"github.com/sluice-go/sluice/internal/kafkacore"
 )
 
 // SetDial makes c's transport dial with dial (fault injection in tests).
@@ -14,11 +16,11 @@ func SetDial(c *Cluster, dial func(ctx context.Context, network, address string)
 // EncodeSettled writes the metadata the Source commits at mark when the
 // offsets [lo, hi) of each range (all above mark, in order) are settled.
 func EncodeSettled(mark int64, ranges ...[2]int64) string {
-	s := make(settledSet, len(ranges))
+	s := make(kafkacore.Settled, len(ranges))
 	for i, r := range ranges {
-		s[i] = offRange{r[0], r[1]}
+		s[i] = kafkacore.Range{Lo: r[0], Hi: r[1]}
 	}
-	return encodeSettled(mark, s)
+	return kafkacore.EncodeSettled(mark, s)
 }
 
 // PlainCommits makes s commit plain watermarks, without the settled map

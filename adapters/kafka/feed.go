@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluice-go/sluice/consumer"
 	"github.com/sluice-go/sluice/dlq"
+	"github.com/sluice-go/sluice/internal/kafkacore"
 )
 
 // feed is what the two Sources (Source over a consumer group, ReaderSource
@@ -21,7 +22,7 @@ import (
 // counters.
 type feed struct {
 	cfg    Config
-	buf    *buffer
+	buf    *kafkacore.Buffer[*record]
 	clock  consumer.Clock
 	retryW *kafka.Writer // nil without a RetryTopic
 
@@ -72,7 +73,7 @@ func (f *feed) attach(l consumer.RouteLimits, start func()) (consumer.SourceInfo
 	}
 	f.limits = l
 	f.cfg.sizeFrom(l)
-	f.buf = newBuffer(f.cfg.PrefetchMessages, f.cfg.PrefetchBytes, f.cfg.LocalRetryMessages, f.cfg.LocalRetryBytes)
+	f.buf = kafkacore.NewBuffer[*record](f.cfg.PrefetchMessages, f.cfg.PrefetchBytes, f.cfg.LocalRetryMessages, f.cfg.LocalRetryBytes)
 	f.attached.Store(true)
 	f.started.Store(true)
 	start()
@@ -143,6 +144,11 @@ func readKeyValue(kr *kafka.Record) (key, value []byte, err error) {
 	return key, value, nil
 }
 
+// BufferSize, BufferDue and BufferPart make record a kafkacore.Item.
+func (r *record) BufferSize() int64                    { return r.size }
+func (r *record) BufferDue() time.Time                 { return r.due }
+func (r *record) BufferPart() *kafkacore.Part[*record] { return &r.part.Part }
+
 // newRecord is the one conversion of a Kafka record into what the Source
 // hands out, for both Sources.
 func newRecord(p *partition, offset int64, key, value []byte, hs []kafka.Header, t time.Time) *record {
@@ -178,7 +184,7 @@ func (s *feed) Fetch(ctx context.Context, maxMessages int, maxBytes int64) ([]*c
 		}
 	}()
 	for {
-		recs, next := s.buf.take(s.clock.Now(), maxMessages, maxBytes, s.out[:0])
+		recs, next := s.buf.Take(s.clock.Now(), maxMessages, maxBytes, s.out[:0])
 		if len(recs) > 0 {
 			out := make([]*consumer.Message, len(recs))
 			ms := make([]consumer.Message, len(recs))
@@ -214,7 +220,7 @@ func (s *feed) Fetch(ctx context.Context, maxMessages int, maxBytes int64) ([]*c
 			}
 		case <-s.done:
 			err = fmt.Errorf("kafka source: %w", consumer.ErrClosed)
-		case <-s.buf.wake:
+		case <-s.buf.Wake():
 			stop = false
 		case <-dueC:
 			stop = false
@@ -232,7 +238,7 @@ func (s *feed) Fetch(ctx context.Context, maxMessages int, maxBytes int64) ([]*c
 // generation that delivered it is over.
 func (r *record) settle() {
 	g := r.part.gen
-	g.outstanding.Add(-1)
+	g.Outstanding.Add(-1)
 	if g.revoked.Load() {
 		g.src.stats.staleSettles.Add(1)
 		return
@@ -265,7 +271,7 @@ func (r *record) InProgress(context.Context) error { return nil }
 // delivered r has ended (a rebalance began), the route does not start r;
 // the partition's next owner delivers it again from the final commit, so
 // it never runs here after a later message of its key ran there.
-func (r *record) Revoked() bool { return r.part.gen.ending.Load() }
+func (r *record) Revoked() bool { return r.part.gen.Ending.Load() }
 
 // nak puts the message back for another attempt without blocking its
 // partition: in process for delays up to LocalRetryMaxDelay, otherwise
@@ -277,8 +283,8 @@ func (r *record) Revoked() bool { return r.part.gen.ending.Load() }
 func (r *record) nak(ctx context.Context, delay time.Duration) error {
 	g := r.part.gen
 	s := g.src
-	if g.ending.Load() {
-		g.outstanding.Add(-1)
+	if g.Ending.Load() {
+		g.Outstanding.Add(-1)
 		s.stats.staleSettles.Add(1)
 		return nil
 	}
@@ -286,7 +292,7 @@ func (r *record) nak(ctx context.Context, delay time.Duration) error {
 	// An ordered route naks only what it hands back (shutdown, revoke): in
 	// process it is dropped with the generation and read again from the
 	// commit, in order; a retry-topic copy would come back out of order.
-	if s.retryW != nil && s.limits.Ordering == consumer.Unordered && (delay > s.cfg.LocalRetryMaxDelay || s.buf.full(r)) {
+	if s.retryW != nil && s.limits.Ordering == consumer.Unordered && (delay > s.cfg.LocalRetryMaxDelay || s.buf.Full(r)) {
 		if err := s.writeRetry(ctx, r, now, now.Add(delay)); err == nil {
 			s.stats.retryWrites.Add(1)
 			r.settle()
@@ -295,14 +301,14 @@ func (r *record) nak(ctx context.Context, delay time.Duration) error {
 		s.stats.retryWriteErrors.Add(1)
 		delay = min(delay, s.cfg.LocalRetryMaxDelay)
 	}
-	g.outstanding.Add(-1)
+	g.Outstanding.Add(-1)
 	s.stats.localRetries.Add(1)
 	if r.firstFailure.IsZero() {
 		r.firstFailure = now
 	}
 	r.attempt++
 	r.due = now.Add(delay)
-	s.buf.pushDelayed(r)
+	s.buf.PushDelayed(r)
 	return nil
 }
 

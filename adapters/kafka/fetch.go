@@ -12,6 +12,8 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/protocol"
 	fetchAPI "github.com/segmentio/kafka-go/protocol/fetch"
+
+	"github.com/sluice-go/sluice/internal/kafkacore"
 )
 
 // fetchLoop pulls parts, one of a generation's fetch lanes: each round it
@@ -22,7 +24,7 @@ import (
 // fetched again from its first offset once room frees.
 func (s *Source) fetchLoop(ctx context.Context, g *generation, parts []*partition) {
 	f := &fetcher{s: s, g: g, parts: parts, leaders: map[*partition]int32{}}
-	defer s.buf.leave(f)
+	defer s.buf.Leave(f)
 	f.begin()
 	for round := 0; ctx.Err() == nil; round++ {
 		now := time.Now()
@@ -33,14 +35,14 @@ func (s *Source) fetchLoop(ctx context.Context, g *generation, parts []*partitio
 			}
 			continue
 		}
-		grant, first, err := s.buf.reserve(ctx, int64(s.cfg.FetchMaxBytes), f)
+		grant, first, err := s.buf.Reserve(ctx, int64(s.cfg.FetchMaxBytes), f)
 		if err != nil {
 			return
 		}
 		ready = rotate(ready, round, first)
 		lists := f.fetch(ctx, ready, grant)
 		if ctx.Err() != nil {
-			s.buf.unreserve(grant)
+			s.buf.Unreserve(grant)
 			return
 		}
 		f.keep(ready, lists, grant, time.Now())
@@ -67,9 +69,9 @@ func (f *fetcher) begin() {
 // turn (a broker lets only the first partition's batch exceed its share),
 // and first (the partition of a record that did not fit last time, see
 // buffer.reserve), when it is among them, first.
-func rotate(ready []*partition, round int, first *partition) []*partition {
+func rotate(ready []*partition, round int, first *kafkacore.Part[*record]) []*partition {
 	k := round % len(ready)
-	if i := slices.Index(ready, first); i >= 0 {
+	if i := slices.IndexFunc(ready, func(p *partition) bool { return &p.Part == first }); i >= 0 {
 		k = i
 	}
 	return append(ready[k:], ready[:k]...)
@@ -81,7 +83,7 @@ func rotate(ready []*partition, round int, first *partition) []*partition {
 // again. wall is the time the partitions' holds are measured in.
 func (f *fetcher) keep(ready []*partition, lists [][]*record, grant int64, wall time.Time) {
 	s := f.s
-	kept := s.buf.admit(grant, lists, f)
+	kept := s.buf.Admit(grant, lists, f)
 	for i, p := range ready {
 		l := lists[i]
 		if kept[i] < len(l) {
@@ -103,7 +105,7 @@ func (f *fetcher) keep(ready []*partition, lists [][]*record, grant int64, wall 
 		// must not move past records it never kept.
 		p.skip = -1
 		s.stats.fetched.Add(int64(kept[i]))
-		s.stats.dropped.Add(int64(s.buf.publish(p, l[:kept[i]])))
+		s.stats.dropped.Add(int64(s.buf.Publish(&p.Part, l[:kept[i]])))
 	}
 }
 

@@ -1,11 +1,14 @@
 package kafkaadapter
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/segmentio/kafka-go"
+
+	"github.com/sluice-go/sluice/internal/kafkacore"
 )
 
 func hdrs(kv ...string) []kafka.Header {
@@ -74,7 +77,8 @@ func TestHeaderOrderForged(t *testing.T) {
 // decided where dead letters and replays went).
 func TestParseRetryUntrusted(t *testing.T) {
 	now := time.Date(2026, 12, 3, 0, 0, 0, 0, time.UTC)
-	p := &partition{gen: &generation{src: &feed{}}, topic: "orders-retry", id: 2, retry: true}
+	g := &generation{src: &feed{}}
+	p := &partition{gen: g, Part: kafkacore.Part[*record]{Gen: &g.Gen}, topic: "orders-retry", id: 2, retry: true}
 	mk := func(kv ...string) *record {
 		return newRecord(p, 7, nil, []byte("v"), hdrs(kv...), now)
 	}
@@ -108,5 +112,18 @@ func TestParseRetryUntrusted(t *testing.T) {
 	if res.clamped || res.refused || !r.due.Equal(now.Add(30*time.Second)) || r.attempt != 4 ||
 		r.origin.Topic != "orders" || r.origin.Partition != 3 || r.origin.Offset != 99 || r.headers != nil {
 		t.Fatalf("a proper retry record: %+v due %v attempt %d headers %v (%+v)", r.origin, r.due, r.attempt, r.headers, res)
+	}
+}
+
+// kafka-go's Murmur2Balancer, which the writers use, puts a key where the
+// core's KeyPartition (the Java client's partitioner) does.
+func TestMurmur2MatchesCore(t *testing.T) {
+	parts := []int{0, 1, 2, 3, 4, 5, 6}
+	for i := range 500 {
+		key := []byte(fmt.Sprintf("key-%d", i*7919))
+		got := (&kafka.Murmur2Balancer{}).Balance(kafka.Message{Key: key}, parts...)
+		if want := kafkacore.KeyPartition(key, len(parts)); got != want {
+			t.Fatalf("%q: kafka-go %d, core %d", key, got, want)
+		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/sluice-go/sluice/consumer"
+	"github.com/sluice-go/sluice/internal/kafkacore"
 )
 
 // ReaderOptions configure NewReaderSource. The fields mean what they mean
@@ -135,13 +136,13 @@ func (s *ReaderSource) partition(topic string, id int, offset int64) *partition 
 		}
 		// A rewind: the Reader re-joined and starts from the committed
 		// offset. Deliveries of the old run are settled nowhere.
-		p.gen.ending.Store(true)
+		p.gen.Ending.Store(true)
 		p.gen.revoked.Store(true)
-		s.stats.dropped.Add(int64(s.buf.purge(p.gen)))
+		s.stats.dropped.Add(int64(s.buf.Purge(&p.gen.Gen)))
 	}
 	s.stats.generations.Add(1)
 	g := &generation{src: &s.feed, id: -1, kick: s.kick}
-	p := &partition{gen: g, topic: topic, id: id, wm: NewWatermark()}
+	p := &partition{gen: g, Part: kafkacore.Part[*record]{Gen: &g.Gen}, topic: topic, id: id, wm: NewWatermark()}
 	g.parts = []*partition{p}
 	p.wm.Deliver(offset)
 	s.parts[k] = p
@@ -152,13 +153,13 @@ func (s *ReaderSource) pump() {
 	ctx := s.ctx
 	backoff := 20 * time.Millisecond
 	for {
-		grant, _, err := s.buf.reserve(ctx, 1, nil)
+		grant, _, err := s.buf.Reserve(ctx, 1, nil)
 		if err != nil {
 			return
 		}
 		m, err := s.r.FetchMessage(ctx)
 		if err != nil {
-			s.buf.unreserve(grant)
+			s.buf.Unreserve(grant)
 			if ctx.Err() != nil || errors.Is(err, io.EOF) {
 				return
 			}
@@ -177,8 +178,8 @@ func (s *ReaderSource) pump() {
 		r := newRecord(p, m.Offset, m.Key, m.Value, m.Headers, m.Time)
 		// The Reader does not deliver a message twice: keep it even if it
 		// takes the buffer past its budget (by one message at most).
-		s.buf.force(grant, r)
-		s.buf.publish(p, []*record{r})
+		s.buf.Force(grant, r)
+		s.buf.Publish(&p.Part, []*record{r})
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 
 	"github.com/sluice-go/sluice/consumer"
 	"github.com/sluice-go/sluice/dlq"
+	"github.com/sluice-go/sluice/internal/kafkacore"
 )
 
 // DefaultReplayGroup is the consumer group whose committed offsets mark how
@@ -76,7 +77,7 @@ type replayPart struct {
 	meta      string // last committed metadata (settled offsets above it)
 	handed    []int64
 	settled   map[int64]bool
-	skip      settledSet // settled by an earlier pass above its commit (settled.go)
+	skip      kafkacore.Settled // settled by an earlier pass above its commit (internal/kafkacore)
 	exhausted bool
 	got       []kafka.Message // fetched, not handed out yet
 }
@@ -183,7 +184,7 @@ func (s *LetterSource) open(ctx context.Context) error {
 		p := &replayPart{id: id, next: start, end: last[id], committed: start, settled: map[int64]bool{}}
 		if c, ok := committed[id]; ok && c == start {
 			p.meta = metas[id]
-			p.skip = decodeSettled(start, p.meta)
+			p.skip = kafkacore.DecodeSettled(start, p.meta)
 		}
 		s.parts = append(s.parts, p)
 		p.exhausted = start >= p.end
@@ -271,7 +272,7 @@ func (s *LetterSource) readPart(ctx context.Context, p *replayPart, n int) ([]*d
 		}
 		p.next = m.Offset + 1
 		p.handed = append(p.handed, m.Offset)
-		if p.skip.has(m.Offset) {
+		if p.skip.Has(m.Offset) {
 			// Settled by an earlier pass: passed over, not handed out again.
 			p.settled[m.Offset] = true
 			s.mu.Unlock()
@@ -386,8 +387,8 @@ func (s *LetterSource) Commit(ctx context.Context) error {
 			}
 		}
 		// An earlier pass's, not read yet, stay recorded too.
-		above := union(rangesOf(done), p.skip.from(max(p.next, mark+1)))
-		meta := encodeSettled(mark, above)
+		above := kafkacore.Union(kafkacore.RangesOf(done), p.skip.From(max(p.next, mark+1)))
+		meta := kafkacore.EncodeSettled(mark, above)
 		if mark > p.committed || (mark == p.committed && meta != p.meta) {
 			commits = append(commits, kafka.OffsetCommit{Partition: p.id, Offset: mark, Metadata: meta})
 			marks[p.id] = mark

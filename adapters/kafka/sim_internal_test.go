@@ -14,6 +14,7 @@ import (
 	fetchAPI "github.com/segmentio/kafka-go/protocol/fetch"
 
 	"github.com/sluice-go/sluice/consumer"
+	"github.com/sluice-go/sluice/internal/kafkacore"
 )
 
 // TestSimulation is the deterministic model of the Kafka Source's own
@@ -98,7 +99,7 @@ type simBatch struct{ recs []simRec }
 func (b simBatch) bytes() int64 {
 	n := int64(0)
 	for _, r := range b.recs {
-		n += int64(r.size) + recordOverhead
+		n += int64(r.size) + kafkacore.RecordOverhead
 	}
 	return n
 }
@@ -154,7 +155,7 @@ const (
 type simLane struct {
 	f     *fetcher
 	state int
-	space chan struct{} // blocked: the buffer's space channel it waits on
+	space <-chan struct{} // blocked: the buffer's space channel it waits on
 	ready []*partition
 	grant int64
 	res   *fetchAPI.Response
@@ -233,7 +234,7 @@ func newSim(seed uint64, trace bool) *sim {
 	s.feed.init(cfg)
 	s.limits = m.limits
 	s.cfg.sizeFrom(m.limits)
-	s.buf = newBuffer(s.cfg.PrefetchMessages, s.cfg.PrefetchBytes, s.cfg.LocalRetryMessages, s.cfg.LocalRetryBytes)
+	s.buf = kafkacore.NewBuffer[*record](s.cfg.PrefetchMessages, s.cfg.PrefetchBytes, s.cfg.LocalRetryMessages, s.cfg.LocalRetryBytes)
 	s.attached.Store(true)
 	m.s = s
 	for i := range nParts {
@@ -301,7 +302,7 @@ func (m *sim) produce(l *simLog) {
 				r.ts = time.Time{}
 			}
 		}
-		m.maxRec = max(m.maxRec, int64(r.size)+recordOverhead)
+		m.maxRec = max(m.maxRec, int64(r.size)+kafkacore.RecordOverhead)
 		b.recs = append(b.recs, r)
 	}
 	l.append(b)
@@ -340,15 +341,15 @@ func (m *sim) config() string {
 		}
 		for j, p := range m.gen.parts {
 			if m.genLogs[j] == i {
-				s += fmt.Sprintf("; fetching from %d, hold %v, skip %d, watermark next %d pending %d", p.offset, p.hold, p.skip, p.wm.next, p.wm.pending)
+				s += fmt.Sprintf("; fetching from %d, hold %v, skip %d, watermark pending %d", p.offset, p.hold, p.skip, p.wm.Pending())
 			}
 		}
 	}
 	for _, l := range m.lanes {
 		s += fmt.Sprintf("\nlane %p: state %d, due %v, grant %d", l.f, l.state, l.due, l.grant)
 	}
-	b := m.s.buf
-	s += fmt.Sprintf("\nbuffer: %d records / %d B, reserved %d, claim %p %d B", b.count, b.bytes, b.reserved, b.claim.lane, b.claim.size)
+	b := m.s.buf.State()
+	s += fmt.Sprintf("\nbuffer: %d records / %d B, reserved %d, claim %p %d B", b.Count, b.Bytes, b.Reserved, b.ClaimLane, b.ClaimSize)
 	if n := len(m.log); n > 0 {
 		s += "\nlast steps:\n  " + strings.Join(m.log[max(0, n-40):], "\n  ")
 	}
@@ -383,7 +384,7 @@ func (m *sim) startGen(all bool) {
 			continue // another member's this time
 		}
 		c := m.committed[i]
-		p := &partition{gen: g, topic: l.topic, id: l.id, wm: NewWatermark(), retry: l.retry, offset: c.off}
+		p := &partition{gen: g, Part: kafkacore.Part[*record]{Gen: &g.Gen}, topic: l.topic, id: l.id, wm: NewWatermark(), retry: l.retry, offset: c.off}
 		if c.meta != "" {
 			p.wm.Restore(c.off, c.meta)
 		}
@@ -425,15 +426,15 @@ func (m *sim) logOf(p *partition) int {
 func (m *sim) endGen() error {
 	g := m.gen
 	g.cancel()
-	g.ending.Store(true)
+	g.Ending.Store(true)
 	for _, l := range m.lanes {
 		if l.state == laneInFlight {
-			m.s.buf.unreserve(l.grant)
+			m.s.buf.Unreserve(l.grant)
 		}
-		m.s.buf.leave(l.f)
+		m.s.buf.Leave(l.f)
 		l.state = laneDone
 	}
-	m.s.buf.purge(g)
+	m.s.buf.Purge(&g.Gen)
 	for _, h := range append([]*simHeld(nil), m.held...) {
 		if h.gen == g && m.rng.IntN(2) == 0 {
 			m.settle(h, consumer.SettleAck)
@@ -460,10 +461,7 @@ func (m *sim) laneStep(l *simLane) {
 		}
 		l.ready = ready
 	}
-	b.mu.Lock()
-	grant, first, ok := b.tryReserveLocked(int64(m.s.cfg.FetchMaxBytes), l.f)
-	space := b.space
-	b.mu.Unlock()
+	grant, first, ok, space := b.TryReserve(int64(m.s.cfg.FetchMaxBytes), l.f)
 	if !ok {
 		l.state, l.space = laneBlocked, space
 		return
@@ -562,7 +560,7 @@ func (m *sim) take() error {
 	if n <= 0 || room <= 0 {
 		return nil
 	}
-	recs, _ := m.s.buf.take(m.now, n, room, nil)
+	recs, _ := m.s.buf.Take(m.now, n, room, nil)
 	for _, r := range recs {
 		li := m.logOf(r.part)
 		key := [2]int64{int64(li), r.offset}
@@ -632,8 +630,8 @@ func (m *sim) commit() error {
 			}
 		}
 		m.verified[li] = max(m.verified[li], off)
-		for _, rg := range decodeSettled(off, meta) {
-			for o := rg.lo; o < rg.hi; o++ {
+		for _, rg := range kafkacore.DecodeSettled(off, meta) {
+			for o := rg.Lo; o < rg.Hi; o++ {
 				if r := l.recs[o]; r != nil && !r.control && !m.settled[li][o] {
 					return fmt.Errorf("commit of %s/%d at %d: its settled map names offset %d, which is not settled", l.topic, l.id, off, o)
 				}
@@ -651,35 +649,23 @@ func (m *sim) commit() error {
 
 // bound checks the prefetch bound.
 func (m *sim) bound() error {
-	b := m.s.buf
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	var queued, delayed int64
-	queuedN := 0
-	for _, p := range b.active {
-		for _, r := range p.queue[p.qhead:] {
-			queued += r.size
-			queuedN++
-		}
+	b := m.s.buf.State()
+	queued, delayed, queuedN := b.QueuedBytes, b.DelayedBytes, b.QueuedN
+	if queued+delayed != b.Bytes {
+		return fmt.Errorf("buffer counts %d bytes, holds %d queued + %d delayed", b.Bytes, queued, delayed)
 	}
-	for _, r := range b.delayed {
-		delayed += r.size
-	}
-	if queued+delayed != b.bytes {
-		return fmt.Errorf("buffer counts %d bytes, holds %d queued + %d delayed", b.bytes, queued, delayed)
-	}
-	if delayed != b.retryBytes || len(b.delayed) != b.retryN {
-		return fmt.Errorf("buffer counts %d retries / %d bytes, holds %d / %d", b.retryN, b.retryBytes, len(b.delayed), delayed)
+	if delayed != b.RetryBytes || b.Delayed != b.RetryN {
+		return fmt.Errorf("buffer counts %d retries / %d bytes, holds %d / %d", b.RetryN, b.RetryBytes, b.Delayed, delayed)
 	}
 	// A Nak may take the buffer over (it never loses a message): fetches
 	// then wait; what was fetched stays within the prefetch.
-	if queued+b.reserved > b.maxBytes && !(queuedN == 1 && b.reserved == 0) {
-		return fmt.Errorf("buffer holds %d bytes in %d fetched records and %d reserved: above the prefetch %d", queued, queuedN, b.reserved, b.maxBytes)
+	if queued+b.Reserved > b.MaxBytes && !(queuedN == 1 && b.Reserved == 0) {
+		return fmt.Errorf("buffer holds %d bytes in %d fetched records and %d reserved: above the prefetch %d", queued, queuedN, b.Reserved, b.MaxBytes)
 	}
 	// In-process retries within their allowance (poison messages waiting
 	// for a dead letter that cannot be written) do not keep fetches back:
 	// with nothing queued or reserved, some lane can fetch.
-	if queuedN == 0 && b.reserved == 0 && b.retryN <= b.retryMaxN && b.retryBytes <= b.retryMaxBytes && len(m.lanes) > 0 {
+	if queuedN == 0 && b.Reserved == 0 && b.RetryN <= b.RetryMaxN && b.RetryBytes <= b.RetryMaxBytes && len(m.lanes) > 0 {
 		stuck := true
 		for _, l := range m.lanes {
 			select {
@@ -691,12 +677,12 @@ func (m *sim) bound() error {
 		}
 		if stuck {
 			return fmt.Errorf("every lane waits to reserve with nothing queued or reserved and %d in-process retries (%d B) within their allowance %d / %d B",
-				b.retryN, b.retryBytes, b.retryMaxN, b.retryMaxBytes)
+				b.RetryN, b.RetryBytes, b.RetryMaxN, b.RetryMaxBytes)
 		}
 	}
-	if all := b.bytes + b.reserved + m.heldBytes; all > b.maxBytes+b.retryMaxBytes+m.limits.Bytes+m.maxRec {
+	if all := b.Bytes + b.Reserved + m.heldBytes; all > b.MaxBytes+b.RetryMaxBytes+m.limits.Bytes+m.maxRec {
 		return fmt.Errorf("held %d bytes (buffer %d, reserved %d, route %d): above prefetch %d + retries' allowance %d + window %d + one record %d",
-			all, b.bytes, b.reserved, m.heldBytes, b.maxBytes, b.retryMaxBytes, m.limits.Bytes, m.maxRec)
+			all, b.Bytes, b.Reserved, m.heldBytes, b.MaxBytes, b.RetryMaxBytes, m.limits.Bytes, m.maxRec)
 	}
 	return nil
 }
@@ -806,13 +792,11 @@ func (m *sim) step() error {
 			}
 		}
 	}
-	b := m.s.buf
-	b.mu.Lock()
-	takeable := len(b.active) > 0 || len(b.delayed) > 0 && !b.delayed[0].due.After(m.now)
-	if len(b.delayed) > 0 {
-		timer(b.delayed[0].due)
+	b := m.s.buf.State()
+	takeable := b.Active > 0 || b.Delayed > 0 && !b.NextDue.After(m.now)
+	if b.Delayed > 0 {
+		timer(b.NextDue)
 	}
-	b.mu.Unlock()
 	if takeable && len(m.held) < m.limits.Messages && m.heldBytes < m.limits.Bytes {
 		add(2, m.take)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/segmentio/kafka-go/protocol/offsetcommit"
 
 	"github.com/sluice-go/sluice/consumer"
+	"github.com/sluice-go/sluice/internal/kafkacore"
 )
 
 // Source is a consumer.Source over a Kafka consumer group, built on
@@ -48,15 +49,16 @@ type Source struct {
 var _ consumer.Source = (*Source)(nil)
 
 type generation struct {
-	src         *feed
-	g           *kafka.Generation
-	id          int32
-	parts       []*partition
-	ending      atomic.Bool  // stop handing out; set when the generation ends
-	revoked     atomic.Bool  // drop settlements; set after the final commit
-	outstanding atomic.Int64 // handed out, not settled or put back
-	settled     atomic.Int64 // since the last commit, for CommitEvery
-	kick        chan struct{}
+	// Gen: Ending (stop handing out; set when the generation ends) and
+	// Outstanding (handed out, not settled or put back).
+	kafkacore.Gen
+	src     *feed
+	g       *kafka.Generation
+	id      int32
+	parts   []*partition
+	revoked atomic.Bool  // drop settlements; set after the final commit
+	settled atomic.Int64 // since the last commit, for CommitEvery
+	kick    chan struct{}
 	// ctx ends with the generation (cancelled by its commit loop).
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -92,8 +94,7 @@ type partition struct {
 	sighted []sighting
 
 	// The buffer's (under its lock): records fetched, not handed out.
-	queue []*record
-	qhead int
+	kafkacore.Part[*record]
 }
 
 type counters struct {
@@ -209,7 +210,7 @@ func (s *Source) readyNow() error {
 	default:
 		return fmt.Errorf("kafka source: joining group %s: no assignment yet", s.cfg.GroupID)
 	}
-	if g := s.cur.Load(); g == nil || g.ending.Load() {
+	if g := s.cur.Load(); g == nil || g.Ending.Load() {
 		return fmt.Errorf("kafka source: group %s is rebalancing: no current generation", s.cfg.GroupID)
 	}
 	return nil
@@ -242,7 +243,7 @@ func (s *Source) Close() error {
 // Stats returns a snapshot of the counters.
 func (s *Source) Stats() Stats {
 	st := s.feed.snapshot()
-	if g := s.cur.Load(); g != nil && !g.ending.Load() {
+	if g := s.cur.Load(); g != nil && !g.Ending.Load() {
 		st.Generation = g.id
 	}
 	return st
@@ -261,7 +262,7 @@ func (s *feed) snapshot() Stats {
 		Generation: -1,
 	}
 	if s.attached.Load() {
-		st.Buffered, st.BufferedBytes, st.PeakBytes, st.PeakBuffered = s.buf.usage()
+		st.Buffered, st.BufferedBytes, st.PeakBytes, st.PeakBuffered = s.buf.Usage()
 	}
 	return st
 }
@@ -304,7 +305,7 @@ func (s *Source) Ready(ctx context.Context) error {
 // partition ids (nil between generations).
 func (s *Source) Assigned() map[string][]int {
 	g := s.cur.Load()
-	if g == nil || g.ending.Load() {
+	if g == nil || g.Ending.Load() {
 		return nil
 	}
 	out := map[string][]int{}
@@ -383,14 +384,14 @@ func (s *Source) start(g *kafka.Generation) {
 	gen.ctx, gen.cancel = context.WithCancel(s.ctx)
 	for topic, as := range g.Assignments {
 		for _, a := range as {
-			gen.parts = append(gen.parts, &partition{gen: gen, topic: topic, id: a.ID, wm: NewWatermark(),
+			gen.parts = append(gen.parts, &partition{gen: gen, Part: kafkacore.Part[*record]{Gen: &gen.Gen}, topic: topic, id: a.ID, wm: NewWatermark(),
 				retry: topic == s.cfg.RetryTopic, offset: a.Offset})
 		}
 	}
 	slices.SortFunc(gen.parts, func(a, b *partition) int { return cmp.Or(strings.Compare(a.topic, b.topic), a.id-b.id) })
 	s.restoreSettled(gen)
 	if old := s.cur.Swap(gen); old != nil {
-		old.ending.Store(true)
+		old.Ending.Store(true)
 	}
 	s.once.Do(func() { close(s.ready) })
 	// They run on gen.ctx, a plain cancel context the commit loop cancels
@@ -415,7 +416,7 @@ func (s *feed) lanes(parts []*partition) [][]*partition {
 	// holds a batch: with a small prefetch (a window of 8 over 4 partitions
 	// is 2 records each) two lanes halve what each fetch may keep and the
 	// drain ran at a third of one lane's rate.
-	if n := len(parts); n >= fetchLanes && n%fetchLanes == 0 && s.buf.maxCount >= minLaneShare*n {
+	if n := len(parts); n >= fetchLanes && n%fetchLanes == 0 && s.buf.MaxCount() >= minLaneShare*n {
 		// Lanes of unequal size would serve the smaller one's partitions
 		// more often (each partition is the first of its lane's requests,
 		// the one a broker lets exceed its share, in turn).
@@ -428,7 +429,7 @@ func (s *feed) lanes(parts []*partition) [][]*partition {
 	if lanes > 1 {
 		shares = len(parts)
 	}
-	s.buf.setShares(shares)
+	s.buf.SetShares(shares)
 	out := make([][]*partition, lanes)
 	for lane := range lanes {
 		for i := lane; i < len(parts); i += lanes {
@@ -457,11 +458,11 @@ func (s *Source) commitLoop(ctx context.Context, g *generation) {
 		select {
 		case <-ctx.Done():
 			g.cancel()
-			g.ending.Store(true)
-			s.stats.dropped.Add(int64(s.buf.purge(g)))
+			g.Ending.Store(true)
+			s.stats.dropped.Add(int64(s.buf.Purge(&g.Gen)))
 			if s.cfg.RevokeGrace > 0 {
 				deadline := time.Now().Add(s.cfg.RevokeGrace)
-				for g.outstanding.Load() > 0 && time.Now().Before(deadline) {
+				for g.Outstanding.Load() > 0 && time.Now().Before(deadline) {
 					time.Sleep(5 * time.Millisecond)
 				}
 			}

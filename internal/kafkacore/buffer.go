@@ -1,25 +1,59 @@
-package kafkaadapter
+package kafkacore
 
 import (
 	"container/heap"
 	"context"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
-// buffer holds what the Source prefetched and the messages it keeps for an
+// Gen is what the buffer knows of a generation (one assignment of
+// partitions to this member): whether it is ending (its records are no
+// longer handed out, but dropped) and how many of its records are handed
+// out and not yet settled or put back. An adapter's generation embeds it.
+type Gen struct {
+	Ending      atomic.Bool
+	Outstanding atomic.Int64
+}
+
+// Part is a partition's queue in a Buffer: the records fetched and not
+// handed out, under the buffer's lock. An adapter's partition embeds it
+// and sets Gen.
+type Part[R any] struct {
+	Gen   *Gen
+	queue []R
+	qhead int
+}
+
+// Item is what a Buffer holds: an adapter's record, which knows its size
+// (what it is charged), when it is due (an in-process retry's not-before)
+// and its partition's queue.
+type Item[R any] interface {
+	BufferSize() int64
+	BufferDue() time.Time
+	BufferPart() *Part[R]
+}
+
+// Buffer holds what a Source prefetched and the messages it keeps for an
 // in-process retry, all charged against one byte and message budget (the
 // prefetch). The fetcher reserves room before each broker request and keeps
-// of the response only what fits (admit), so the records held never exceed
+// of the response only what fits (Admit), so the records held never exceed
 // the budget; the rest of a response is dropped and fetched again later.
 // The route's Fetch takes messages out (they are then the window's),
 // serving the partitions round robin; a Nak puts one back.
-type buffer struct {
+//
+// A lane is a fetcher's identity (any comparable value, nil for none):
+// lanes that wait for room reserve in turn, and a record too large for
+// one lane's grant is claimed by that lane (see Reserve). A client that
+// fetches on its own (franz-go, sarama) reserves as one lane and charges
+// what it polled with Admit (or Force what it cannot put back).
+type Buffer[R Item[R]] struct {
 	mu       sync.Mutex
-	active   []*partition // partitions with queued records, served round robin
-	rr       int          // next index into active
-	delayed  recordHeap
+	active   []*Part[R] // partitions with queued records, served round robin
+	rr       int        // next index into active
+	delayed  itemHeap[R]
 	bytes    int64 // charged by held records
 	reserved int64 // granted to fetches in flight
 	count    int
@@ -38,20 +72,20 @@ type buffer struct {
 	shares        int   // partitions sharing the message slots (1: no cap)
 	// claim is a record a fetcher dropped because it did not fit: until
 	// that fetcher reserves room for it, no other fetcher reserves;
-	// waiting are the fetchers waiting to reserve, served in turn (see
-	// reserve).
-	claim   claim
-	waiting []*fetcher
+	// waiting are the fetchers waiting to Reserve, served in turn (see
+	// Reserve).
+	claim   claim[R]
+	waiting []any
 
 	wake  chan struct{} // cap 1: something became ready
 	space chan struct{} // closed (and replaced) when room frees
 }
 
-// newBuffer returns a buffer whose fetches hold at most maxCount records
+// NewBuffer returns a buffer whose fetches hold at most maxCount records
 // and maxBytes, with an allowance for in-process retries of retryN
 // messages and retryBytes on top.
-func newBuffer(maxCount int, maxBytes int64, retryN int, retryBytes int64) *buffer {
-	return &buffer{maxCount: maxCount, maxBytes: maxBytes, retryMaxN: retryN, retryMaxBytes: retryBytes,
+func NewBuffer[R Item[R]](maxCount int, maxBytes int64, retryN int, retryBytes int64) *Buffer[R] {
+	return &Buffer[R]{maxCount: maxCount, maxBytes: maxBytes, retryMaxN: retryN, retryMaxBytes: retryBytes,
 		wake: make(chan struct{}, 1), space: make(chan struct{})}
 }
 
@@ -60,41 +94,41 @@ func newBuffer(maxCount int, maxBytes int64, retryN int, retryBytes int64) *buff
 // poison message whose dead letter cannot be written is nak'd again and
 // again; while such retries wait they do not take the slots of new
 // records, until they hold their whole allowance. b.mu held.
-func (b *buffer) usedLocked() (n int, bytes int64) {
+func (b *Buffer[R]) usedLocked() (n int, bytes int64) {
 	return b.count - b.retryN + max(0, b.retryN-b.retryMaxN), b.bytes - b.retryBytes + max(0, b.retryBytes-b.retryMaxBytes)
 }
 
-func (b *buffer) signal() {
+func (b *Buffer[R]) signal() {
 	select {
 	case b.wake <- struct{}{}:
 	default:
 	}
 }
 
-// freed wakes reserve waiters; b.mu held.
-func (b *buffer) freed() {
+// freed wakes Reserve waiters; b.mu held.
+func (b *Buffer[R]) freed() {
 	close(b.space)
 	b.space = make(chan struct{})
 }
 
-// claim is what admit remembers of a record that did not fit: the fetcher
+// claim is what Admit remembers of a record that did not fit: the fetcher
 // (lane) that dropped it, its partition and its size.
-type claim struct {
-	lane *fetcher
-	part *partition
+type claim[R any] struct {
+	lane any
+	part *Part[R]
 	size int64
 }
 
-// reserve waits until at least min(want, budget) bytes and a quarter of
+// Reserve waits until at least min(want, budget) bytes and a quarter of
 // the message slots are free (a fetch for every slot that frees would be
 // a round trip per handful of records), and grants up to want bytes to one broker request, but
 // no more than the free message slots take at the average record size
 // seen: a response the count cannot hold would mostly be dropped and
 // fetched again.
 //
-// A record admit dropped because it did not fit, larger than the grant of
+// A record Admit dropped because it did not fit, larger than the grant of
 // the fetch that brought it, is claimed by its lane:
-// other lanes do not reserve until that lane's next reserve, which waits
+// other lanes do not Reserve until that lane's next Reserve, which waits
 // until the record fits (its size, at most the budget, is free) and
 // grants at least that much; it returns the record's partition, to be
 // the first of the next request (the one a broker returns a whole first
@@ -106,7 +140,7 @@ type claim struct {
 // reserves again at once does not take the room another lane waits for
 // (with FetchMaxBytes above half the prefetch, one lane's long polls kept
 // the other out for good).
-func (b *buffer) reserve(ctx context.Context, want int64, lane *fetcher) (int64, *partition, error) {
+func (b *Buffer[R]) Reserve(ctx context.Context, want int64, lane any) (int64, *Part[R], error) {
 	for {
 		b.mu.Lock()
 		grant, first, ok := b.tryReserveLocked(want, lane)
@@ -123,8 +157,18 @@ func (b *buffer) reserve(ctx context.Context, want int64, lane *fetcher) (int64,
 	}
 }
 
-// tryReserveLocked is reserve without the wait; b.mu held.
-func (b *buffer) tryReserveLocked(want int64, lane *fetcher) (grant int64, first *partition, ok bool) {
+// TryReserve is Reserve without the wait: ok false when the room is not
+// free (lane then waits for its turn), with space, the channel closed
+// when room frees next.
+func (b *Buffer[R]) TryReserve(want int64, lane any) (grant int64, first *Part[R], ok bool, space <-chan struct{}) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	grant, first, ok = b.tryReserveLocked(want, lane)
+	return grant, first, ok, b.space
+}
+
+// tryReserveLocked is Reserve without the wait; b.mu held.
+func (b *Buffer[R]) tryReserveLocked(want int64, lane any) (grant int64, first *Part[R], ok bool) {
 	mine := lane != nil && b.claim.lane == lane
 	if lane != nil && !mine && (b.claim.lane != nil || len(b.waiting) > 0 && b.waiting[0] != lane) {
 		b.wait(lane) // another lane's turn
@@ -144,11 +188,11 @@ func (b *buffer) tryReserveLocked(want int64, lane *fetcher) (grant int64, first
 	}
 	grant = min(free, want)
 	if b.avg > 0 {
-		grant = min(grant, max(int64(b.maxCount-usedN)*(b.avg+recordOverhead), 4<<10))
+		grant = min(grant, max(int64(b.maxCount-usedN)*(b.avg+RecordOverhead), 4<<10))
 	}
 	if mine {
 		grant, first = max(grant, need), b.claim.part
-		b.claim = claim{}
+		b.claim = claim[R]{}
 	}
 	if b.unwait(lane) || mine {
 		b.freed() // the next lane's turn
@@ -158,7 +202,7 @@ func (b *buffer) tryReserveLocked(want int64, lane *fetcher) (grant int64, first
 }
 
 // wait queues lane for its turn to reserve; b.mu held.
-func (b *buffer) wait(lane *fetcher) {
+func (b *Buffer[R]) wait(lane any) {
 	if !slices.Contains(b.waiting, lane) {
 		b.waiting = append(b.waiting, lane)
 	}
@@ -166,7 +210,7 @@ func (b *buffer) wait(lane *fetcher) {
 
 // unwait takes lane out of the queue and reports whether others wait
 // behind it; b.mu held.
-func (b *buffer) unwait(lane *fetcher) bool {
+func (b *Buffer[R]) unwait(lane any) bool {
 	i := slices.Index(b.waiting, lane)
 	if i < 0 {
 		return false
@@ -175,45 +219,45 @@ func (b *buffer) unwait(lane *fetcher) bool {
 	return len(b.waiting) > 0
 }
 
-// leave forgets lane's claim and its turn (the lane stops).
-func (b *buffer) leave(lane *fetcher) {
+// Leave forgets lane's claim and its turn (the lane stops).
+func (b *Buffer[R]) Leave(lane any) {
 	b.mu.Lock()
 	if b.claim.lane == lane {
-		b.claim = claim{}
+		b.claim = claim[R]{}
 	}
 	b.unwait(lane)
 	b.freed()
 	b.mu.Unlock()
 }
 
-func (b *buffer) chargeLocked(r *record) {
-	b.bytes += r.size
+func (b *Buffer[R]) chargeLocked(r R) {
+	b.bytes += r.BufferSize()
 	b.count++
 	b.peak = max(b.peak, b.bytes+b.reserved)
 	b.peakN = max(b.peakN, b.count)
 }
 
-func (b *buffer) releaseLocked(r *record) {
-	b.bytes -= r.size
+func (b *Buffer[R]) releaseLocked(r R) {
+	b.bytes -= r.BufferSize()
 	b.count--
 }
 
-// recordOverhead approximates what a record costs on the wire beyond its
+// RecordOverhead approximates what a record costs on the wire beyond its
 // key, value and headers (length, delta and attribute varints).
-const recordOverhead = 16
+const RecordOverhead = 16
 
-// admit returns a grant and charges, of the records one fetch brought
+// Admit returns a grant and charges, of the records one fetch brought
 // (one list per partition, in offset order), what fits in the budget now:
 // taken round robin across the lists, a record at a time, so a partition
 // with a large batch does not crowd the others out. It returns how many of
 // each list it kept, no more than a partition's share of the slots
-// (setShares); the caller drops the rest and fetches it again from
+// (SetShares); the caller drops the rest and fetches it again from
 // the first offset not kept. When nothing is held, the first record is
 // kept even if it alone is larger than the budget, so a large record still
 // makes progress. The first record that does not fit, if it is larger
 // than grant and the bytes (not the count) kept it out, is claimed for
-// lane (see reserve). Call publish with the kept records.
-func (b *buffer) admit(grant int64, lists [][]*record, lane *fetcher) []int {
+// lane (see Reserve). Call Publish with the kept records.
+func (b *Buffer[R]) Admit(grant int64, lists [][]R, lane any) []int {
 	kept := make([]int, len(lists))
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -225,7 +269,7 @@ func (b *buffer) admit(grant int64, lists [][]*record, lane *fetcher) []int {
 		var n, bytes int64
 		for i, l := range lists {
 			for _, r := range l[:kept[i]] {
-				n, bytes = n+1, bytes+r.size
+				n, bytes = n+1, bytes+r.BufferSize()
 			}
 		}
 		if n > 0 {
@@ -239,16 +283,16 @@ func (b *buffer) admit(grant int64, lists [][]*record, lane *fetcher) []int {
 				continue
 			}
 			r := l[kept[i]]
-			if b.shares > 1 && len(r.part.queue)-r.part.qhead+kept[i] >= (b.maxCount+b.shares-1)/b.shares {
+			if b.shares > 1 && len(r.BufferPart().queue)-r.BufferPart().qhead+kept[i] >= (b.maxCount+b.shares-1)/b.shares {
 				continue // its share of the slots is taken: the others' turn
 			}
 			usedN, used := b.usedLocked()
-			fits := usedN < b.maxCount && used+b.reserved+r.size <= b.maxBytes
+			fits := usedN < b.maxCount && used+b.reserved+r.BufferSize() <= b.maxBytes
 			if !fits && !(usedN == 0 && b.reserved == 0) {
-				if lane != nil && b.claim.lane == nil && r.size > grant && usedN < b.maxCount {
-					// Larger than what this lane's reserve granted: an
-					// ordinary reserve would not make room for it.
-					b.claim = claim{lane: lane, part: r.part, size: r.size}
+				if lane != nil && b.claim.lane == nil && r.BufferSize() > grant && usedN < b.maxCount {
+					// Larger than what this lane's Reserve granted: an
+					// ordinary Reserve would not make room for it.
+					b.claim = claim[R]{lane: lane, part: r.BufferPart(), size: r.BufferSize()}
 				}
 				return kept
 			}
@@ -260,8 +304,8 @@ func (b *buffer) admit(grant int64, lists [][]*record, lane *fetcher) []int {
 	return kept
 }
 
-// force returns a grant and charges r whether it fits or not.
-func (b *buffer) force(grant int64, r *record) {
+// Force returns a grant and charges r whether it fits or not.
+func (b *Buffer[R]) Force(grant int64, r R) {
 	b.mu.Lock()
 	b.reserved -= grant
 	b.chargeLocked(r)
@@ -269,17 +313,17 @@ func (b *buffer) force(grant int64, r *record) {
 	b.mu.Unlock()
 }
 
-// setShares says how many partitions share the message slots: admit keeps
+// SetShares says how many partitions share the message slots: Admit keeps
 // at most a share of them for one partition, so partitions fetched by
 // different fetchers, or with larger batches, do not crowd the others out.
-func (b *buffer) setShares(n int) {
+func (b *Buffer[R]) SetShares(n int) {
 	b.mu.Lock()
 	b.shares = n
 	b.mu.Unlock()
 }
 
-// unreserve returns a grant whose fetch brought nothing.
-func (b *buffer) unreserve(grant int64) {
+// Unreserve returns a grant whose fetch brought nothing.
+func (b *Buffer[R]) Unreserve(grant int64) {
 	if grant == 0 {
 		return
 	}
@@ -289,15 +333,15 @@ func (b *buffer) unreserve(grant int64) {
 	b.mu.Unlock()
 }
 
-// publish queues records admit charged, all of partition p, ready now. If
+// Publish queues records Admit charged, all of partition p, ready now. If
 // p's generation is ending they are released and dropped instead (its
-// purge may have run already); it returns how many it dropped.
-func (b *buffer) publish(p *partition, rs []*record) (dropped int) {
+// Purge may have run already); it returns how many it dropped.
+func (b *Buffer[R]) Publish(p *Part[R], rs []R) (dropped int) {
 	if len(rs) == 0 {
 		return 0
 	}
 	b.mu.Lock()
-	if p.gen.ending.Load() {
+	if p.Gen.Ending.Load() {
 		for _, r := range rs {
 			b.releaseLocked(r)
 		}
@@ -314,63 +358,63 @@ func (b *buffer) publish(p *partition, rs []*record) (dropped int) {
 	return 0
 }
 
-// pushDelayed keeps r until r.due, in the in-process retries' allowance.
+// PushDelayed keeps r until r.due, in the in-process retries' allowance.
 // Beyond the allowance it takes from the fetches' budget, and may take
 // the buffer over it (a Nak must never lose a message); fetches then wait
 // until it drains.
-func (b *buffer) pushDelayed(r *record) {
+func (b *Buffer[R]) PushDelayed(r R) {
 	b.mu.Lock()
 	b.chargeLocked(r)
 	b.retryN++
-	b.retryBytes += r.size
+	b.retryBytes += r.BufferSize()
 	heap.Push(&b.delayed, r)
 	b.mu.Unlock()
 	b.signal()
 }
 
 // popDelayedLocked takes the first delayed record out; b.mu held.
-func (b *buffer) popDelayedLocked() *record {
-	r := heap.Pop(&b.delayed).(*record)
+func (b *Buffer[R]) popDelayedLocked() R {
+	r := heap.Pop(&b.delayed).(R)
 	b.retryN--
-	b.retryBytes -= r.size
+	b.retryBytes -= r.BufferSize()
 	return r
 }
 
-// full reports whether the in-process retries' allowance has no room for
+// Full reports whether the in-process retries' allowance has no room for
 // r (a Nak then goes to the retry topic, when there is one).
-func (b *buffer) full(r *record) bool {
+func (b *Buffer[R]) Full(r R) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.retryBytes+r.size > b.retryMaxBytes || b.retryN >= b.retryMaxN
+	return b.retryBytes+r.BufferSize() > b.retryMaxBytes || b.retryN >= b.retryMaxN
 }
 
-// take pops up to n records totalling at most maxBytes (the first alone
+// Take pops up to n records totalling at most maxBytes (the first alone
 // may exceed it): due in-process retries first (they have waited already),
 // then one record from each partition with records in turn. Records of
 // generations that are ending are dropped. It returns the time the next
 // delayed record is due (zero if none).
-func (b *buffer) take(now time.Time, n int, maxBytes int64, out []*record) ([]*record, time.Time) {
+func (b *Buffer[R]) Take(now time.Time, n int, maxBytes int64, out []R) ([]R, time.Time) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	var got int64
 	released := false
-	give := func(r *record) bool {
-		if len(out) > 0 && got+r.size > maxBytes {
+	give := func(r R) bool {
+		if len(out) > 0 && got+r.BufferSize() > maxBytes {
 			return false
 		}
 		b.releaseLocked(r)
 		released = true
-		got += r.size
+		got += r.BufferSize()
 		// Counted as handed out under b.mu, where ending was checked: a
 		// generation's end (ending, then purge, then waiting for
 		// outstanding) cannot miss a record taken just before it.
-		r.part.gen.outstanding.Add(1)
+		r.BufferPart().Gen.Outstanding.Add(1)
 		out = append(out, r)
 		return true
 	}
-	for len(out) < n && len(b.delayed) > 0 && !b.delayed[0].due.After(now) {
+	for len(out) < n && len(b.delayed) > 0 && !b.delayed[0].BufferDue().After(now) {
 		r := b.delayed[0]
-		if r.part.gen.ending.Load() {
+		if r.BufferPart().Gen.Ending.Load() {
 			b.popDelayedLocked()
 			b.releaseLocked(r)
 			released = true
@@ -387,13 +431,14 @@ func (b *buffer) take(now time.Time, n int, maxBytes int64, out []*record) ([]*r
 		}
 		p := b.active[b.rr]
 		r := p.queue[p.qhead]
-		if p.gen.ending.Load() {
+		if p.Gen.Ending.Load() {
 			b.releaseLocked(r)
 			released = true
 		} else if !give(r) {
 			break
 		}
-		p.queue[p.qhead] = nil
+		var zero R
+		p.queue[p.qhead] = zero
 		p.qhead++
 		if p.qhead == len(p.queue) {
 			p.queue, p.qhead = p.queue[:0], 0
@@ -407,19 +452,19 @@ func (b *buffer) take(now time.Time, n int, maxBytes int64, out []*record) ([]*r
 	}
 	var next time.Time
 	if len(b.delayed) > 0 {
-		next = b.delayed[0].due
+		next = b.delayed[0].BufferDue()
 	}
 	return out, next
 }
 
-// purge drops every held record of g.
-func (b *buffer) purge(g *generation) int {
+// Purge drops every held record of g.
+func (b *Buffer[R]) Purge(g *Gen) int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	dropped := 0
 	keep := b.active[:0]
 	for _, p := range b.active {
-		if p.gen != g {
+		if p.Gen != g {
 			keep = append(keep, p)
 			continue
 		}
@@ -432,12 +477,12 @@ func (b *buffer) purge(g *generation) int {
 	}
 	clear(b.active[len(keep):])
 	b.active = keep
-	var kd recordHeap
+	var kd itemHeap[R]
 	for _, r := range b.delayed {
-		if r.part.gen == g {
+		if r.BufferPart().Gen == g {
 			b.releaseLocked(r)
 			b.retryN--
-			b.retryBytes -= r.size
+			b.retryBytes -= r.BufferSize()
 			dropped++
 			continue
 		}
@@ -451,22 +496,82 @@ func (b *buffer) purge(g *generation) int {
 	return dropped
 }
 
-func (b *buffer) usage() (count int, bytes, peak int64, peakCount int) {
+func (b *Buffer[R]) Usage() (count int, bytes, peak int64, peakCount int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.count, b.bytes, b.peak, b.peakN
 }
 
-type recordHeap []*record
+// Wake is signalled (capacity 1) when records became ready to Take.
+func (b *Buffer[R]) Wake() <-chan struct{} { return b.wake }
 
-func (h recordHeap) Len() int           { return len(h) }
-func (h recordHeap) Less(i, j int) bool { return h[i].due.Before(h[j].due) }
-func (h recordHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
-func (h *recordHeap) Push(x any)        { *h = append(*h, x.(*record)) }
-func (h *recordHeap) Pop() any {
+// MaxCount returns the prefetch's message slots.
+func (b *Buffer[R]) MaxCount() int { return b.maxCount }
+
+// BufferState is a snapshot of a Buffer's accounting, for checks and
+// diagnostics (the adapters' simulations read it).
+type BufferState struct {
+	Count, RetryN, MaxCount, RetryMaxN, Active, Delayed  int
+	Bytes, Reserved, MaxBytes, RetryBytes, RetryMaxBytes int64
+	ClaimLane                                            any
+	ClaimSize                                            int64
+	Waiting                                              int
+	NextDue                                              time.Time // of the first delayed record; zero: none
+	// What the records held add up to (counted, not the counters):
+	// queued (fetched, not handed out) and delayed (in-process retries).
+	QueuedN                   int
+	QueuedBytes, DelayedBytes int64
+}
+
+// State returns a snapshot of b's accounting. It walks every record
+// held: for checks and diagnostics, not the hot path.
+func (b *Buffer[R]) State() BufferState {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	st := BufferState{Count: b.count, RetryN: b.retryN, MaxCount: b.maxCount, RetryMaxN: b.retryMaxN,
+		Active: len(b.active), Delayed: len(b.delayed), Bytes: b.bytes, Reserved: b.reserved, MaxBytes: b.maxBytes,
+		RetryBytes: b.retryBytes, RetryMaxBytes: b.retryMaxBytes, ClaimLane: b.claim.lane, ClaimSize: b.claim.size,
+		Waiting: len(b.waiting)}
+	if len(b.delayed) > 0 {
+		st.NextDue = b.delayed[0].BufferDue()
+	}
+	for _, p := range b.active {
+		for _, r := range p.queue[p.qhead:] {
+			st.QueuedBytes += r.BufferSize()
+			st.QueuedN++
+		}
+	}
+	for _, r := range b.delayed {
+		st.DelayedBytes += r.BufferSize()
+	}
+	return st
+}
+
+// Queued returns a copy of p's records fetched and not handed out.
+func (b *Buffer[R]) Queued(p *Part[R]) []R {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.Clone(p.queue[p.qhead:])
+}
+
+// DelayedItems returns a copy of the in-process retries b holds.
+func (b *Buffer[R]) DelayedItems() []R {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.Clone(b.delayed)
+}
+
+type itemHeap[R Item[R]] []R
+
+func (h itemHeap[R]) Len() int           { return len(h) }
+func (h itemHeap[R]) Less(i, j int) bool { return h[i].BufferDue().Before(h[j].BufferDue()) }
+func (h itemHeap[R]) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *itemHeap[R]) Push(x any)        { *h = append(*h, x.(R)) }
+func (h *itemHeap[R]) Pop() any {
 	old := *h
 	r := old[len(old)-1]
-	old[len(old)-1] = nil
+	var zero R
+	old[len(old)-1] = zero
 	*h = old[:len(old)-1]
 	return r
 }

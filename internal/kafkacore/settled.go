@@ -1,4 +1,4 @@
-package kafkaadapter
+package kafkacore
 
 import (
 	"bytes"
@@ -19,44 +19,44 @@ import (
 // the first offset not settled; everything handed out after it and settled
 // would otherwise be redone.
 //
-// Format: settledMetaPrefix, then base64 (URL alphabet, no padding) of one
+// Format: SettledMetaPrefix, then base64 (URL alphabet, no padding) of one
 // flag byte (0: raw, 1: DEFLATE) and the body: the uvarint commit point,
 // then for each range of settled offsets the uvarint gap from the end of
 // the previous one (from the commit point + 1 for the first) and its uvarint
 // length. The writer keeps the shorter of raw and DEFLATE, and as many
-// ranges (in offset order) as fit in maxSettledMeta bytes; what does not
+// ranges (in offset order) as fit in MaxSettledMeta bytes; what does not
 // fit is redone (at-least-once), at worst all of it: the plain watermark.
 // The reader takes the map only when it names the committed offset; any
 // other metadata (another client's, an older sluice's, junk) is a plain
 // watermark.
-const settledMetaPrefix = "sluice:s1:"
+const SettledMetaPrefix = "sluice:s1:"
 
-// legacySettledPrefix is the map written by the replay LetterSource before
-// settledMetaPrefix: decimal offset deltas, comma separated. It is still
+// LegacySettledPrefix is the map written by the replay LetterSource before
+// SettledMetaPrefix: decimal offset deltas, comma separated. It is still
 // read.
-const legacySettledPrefix = "sluice-settled:"
+const LegacySettledPrefix = "sluice-settled:"
 
-// maxSettledMeta keeps the metadata under Kafka's default
+// MaxSettledMeta keeps the metadata under Kafka's default
 // offset.metadata.max.bytes (4096).
-const maxSettledMeta = 4000
+const MaxSettledMeta = 4000
 
 // maxSettledBody bounds the inflated body a reader accepts (what a writer
-// can fit in maxSettledMeta deflates to far less).
+// can fit in MaxSettledMeta deflates to far less).
 const maxSettledBody = 1 << 20
 
-// offRange is the offsets [lo, hi).
-type offRange struct{ lo, hi int64 }
+// Range is the offsets [lo, hi).
+type Range struct{ Lo, Hi int64 }
 
-// settledSet is a sorted set of disjoint, non-adjacent offset ranges.
-type settledSet []offRange
+// Settled is a sorted set of disjoint, non-adjacent offset ranges.
+type Settled []Range
 
-// has reports whether o is in s.
-func (s settledSet) has(o int64) bool {
-	i, found := slices.BinarySearchFunc(s, o, func(r offRange, o int64) int {
+// Has reports whether o is in s.
+func (s Settled) Has(o int64) bool {
+	i, found := slices.BinarySearchFunc(s, o, func(r Range, o int64) int {
 		switch {
-		case r.hi <= o:
+		case r.Hi <= o:
 			return -1
-		case r.lo > o:
+		case r.Lo > o:
 			return 1
 		}
 		return 0
@@ -64,50 +64,50 @@ func (s settledSet) has(o int64) bool {
 	return found && i < len(s)
 }
 
-// from returns the part of s at or above o.
-func (s settledSet) from(o int64) settledSet {
-	i, _ := slices.BinarySearchFunc(s, o, func(r offRange, o int64) int {
-		if r.hi <= o {
+// From returns the part of s at or above o.
+func (s Settled) From(o int64) Settled {
+	i, _ := slices.BinarySearchFunc(s, o, func(r Range, o int64) int {
+		if r.Hi <= o {
 			return -1
 		}
 		return 1
 	})
 	out := slices.Clone(s[i:])
-	if len(out) > 0 && out[0].lo < o {
-		out[0].lo = o
+	if len(out) > 0 && out[0].Lo < o {
+		out[0].Lo = o
 	}
 	return out
 }
 
-// add appends [lo, hi) to s, which must end at or below lo, merging
+// Add appends [lo, hi) to s, which must end at or below lo, merging
 // adjacent ranges.
-func (s settledSet) add(lo, hi int64) settledSet {
+func (s Settled) Add(lo, hi int64) Settled {
 	if hi <= lo {
 		return s
 	}
-	if n := len(s); n > 0 && s[n-1].hi >= lo {
-		s[n-1].hi = max(s[n-1].hi, hi)
+	if n := len(s); n > 0 && s[n-1].Hi >= lo {
+		s[n-1].Hi = max(s[n-1].Hi, hi)
 		return s
 	}
-	return append(s, offRange{lo, hi})
+	return append(s, Range{lo, hi})
 }
 
-// union returns the union of a and b.
-func union(a, b settledSet) settledSet {
+// Union returns the union of a and b.
+func Union(a, b Settled) Settled {
 	all := append(slices.Clone(a), b...)
-	slices.SortFunc(all, func(x, y offRange) int {
+	slices.SortFunc(all, func(x, y Range) int {
 		switch {
-		case x.lo < y.lo:
+		case x.Lo < y.Lo:
 			return -1
-		case x.lo > y.lo:
+		case x.Lo > y.Lo:
 			return 1
 		}
 		return 0
 	})
-	var out settledSet
+	var out Settled
 	for _, r := range all {
-		if n := len(out); n > 0 && out[n-1].hi >= r.lo {
-			out[n-1].hi = max(out[n-1].hi, r.hi)
+		if n := len(out); n > 0 && out[n-1].Hi >= r.Lo {
+			out[n-1].Hi = max(out[n-1].Hi, r.Hi)
 			continue
 		}
 		out = append(out, r)
@@ -115,21 +115,21 @@ func union(a, b settledSet) settledSet {
 	return out
 }
 
-// rangesOf turns sorted, distinct offsets into a set.
-func rangesOf(offs []int64) settledSet {
-	var s settledSet
+// RangesOf turns sorted, distinct offsets into a set.
+func RangesOf(offs []int64) Settled {
+	var s Settled
 	for _, o := range offs {
-		s = s.add(o, o+1)
+		s = s.Add(o, o+1)
 	}
 	return s
 }
 
-// encodeSettled writes the metadata for a commit at mark with the settled
+// EncodeSettled writes the metadata for a commit at mark with the settled
 // ranges s (all above mark): "" when s is empty or not even its first
 // range fits. When s does not fit whole it keeps a prefix that fits, within
 // 2% of the longest, sized from the sizes seen (a few compressions at
 // most: it runs on every commit).
-func encodeSettled(mark int64, s settledSet) string {
+func EncodeSettled(mark int64, s Settled) string {
 	if len(s) == 0 {
 		return ""
 	}
@@ -138,17 +138,17 @@ func encodeSettled(mark int64, s settledSet) string {
 	ends := make([]int, len(s)) // body length after each range
 	cur := mark + 1
 	for i, r := range s {
-		body = binary.AppendUvarint(body, uint64(r.lo-cur))
-		body = binary.AppendUvarint(body, uint64(r.hi-r.lo))
-		cur = r.hi
+		body = binary.AppendUvarint(body, uint64(r.Lo-cur))
+		body = binary.AppendUvarint(body, uint64(r.Hi-r.Lo))
+		cur = r.Hi
 		ends[i] = len(body)
 	}
-	room := float64(maxSettledMeta - len(settledMetaPrefix))
+	room := float64(MaxSettledMeta - len(SettledMetaPrefix))
 	best := ""
 	lo, hi := 0, len(s)+1 // s[:lo] fits (best), s[:hi] does not
 	for n, tries := len(s), 0; n > lo && n < hi && tries < 8; tries++ {
 		meta := packSettled(body[:ends[n-1]])
-		if len(meta) <= maxSettledMeta {
+		if len(meta) <= MaxSettledMeta {
 			lo, best = n, meta
 		} else {
 			hi = n
@@ -158,7 +158,7 @@ func encodeSettled(mark int64, s settledSet) string {
 		}
 		// The share that should just fit, by this size (compression keeps
 		// sizes about proportional), inside the bracket.
-		n = int(float64(n) * 0.99 * room / float64(len(meta)-len(settledMetaPrefix)))
+		n = int(float64(n) * 0.99 * room / float64(len(meta)-len(SettledMetaPrefix)))
 		n = min(max(n, lo+1), hi-1)
 	}
 	return best
@@ -168,7 +168,7 @@ func encodeSettled(mark int64, s settledSet) string {
 // fits, else DEFLATE-compressed when that is shorter.
 func packSettled(body []byte) string {
 	body[0] = 0
-	if len(settledMetaPrefix)+base64.RawURLEncoding.EncodedLen(len(body)) > maxSettledMeta {
+	if len(SettledMetaPrefix)+base64.RawURLEncoding.EncodedLen(len(body)) > MaxSettledMeta {
 		z := bytes.NewBuffer(make([]byte, 0, len(body)))
 		z.WriteByte(1)
 		w := deflaters.Get().(*flate.Writer)
@@ -180,7 +180,7 @@ func packSettled(body []byte) string {
 			body = z.Bytes()
 		}
 	}
-	return settledMetaPrefix + base64.RawURLEncoding.EncodeToString(body)
+	return SettledMetaPrefix + base64.RawURLEncoding.EncodeToString(body)
 }
 
 // deflaters keeps flate.Writers (each holds several hundred KiB of tables).
@@ -189,15 +189,15 @@ var deflaters = sync.Pool{New: func() any {
 	return w
 }}
 
-// decodeSettled reads the settled map of a commit at mark from its
+// DecodeSettled reads the settled map of a commit at mark from its
 // metadata; nil for a plain watermark (no map, another writer's metadata,
 // a map for another offset, junk).
-func decodeSettled(mark int64, meta string) settledSet {
-	if rest, ok := strings.CutPrefix(meta, legacySettledPrefix); ok {
+func DecodeSettled(mark int64, meta string) Settled {
+	if rest, ok := strings.CutPrefix(meta, LegacySettledPrefix); ok {
 		return decodeLegacySettled(mark, rest)
 	}
-	rest, ok := strings.CutPrefix(meta, settledMetaPrefix)
-	if !ok || len(rest) > maxSettledMeta {
+	rest, ok := strings.CutPrefix(meta, SettledMetaPrefix)
+	if !ok || len(rest) > MaxSettledMeta {
 		return nil
 	}
 	raw, err := base64.RawURLEncoding.DecodeString(rest)
@@ -221,7 +221,7 @@ func decodeSettled(mark int64, meta string) settledSet {
 		return nil
 	}
 	body = body[n:]
-	var s settledSet
+	var s Settled
 	cur := mark + 1
 	for len(body) > 0 {
 		gap, n1 := binary.Uvarint(body)
@@ -237,13 +237,13 @@ func decodeSettled(mark int64, meta string) settledSet {
 		if (len(s) > 0 && gap == 0) || lo > 1<<62 {
 			return nil // adjacent ranges are one range: not written by us
 		}
-		s = append(s, offRange{lo, lo + int64(length)})
+		s = append(s, Range{lo, lo + int64(length)})
 		cur = lo + int64(length)
 	}
 	return s
 }
 
-func decodeLegacySettled(mark int64, rest string) settledSet {
+func decodeLegacySettled(mark int64, rest string) Settled {
 	if rest == "" {
 		return nil
 	}
@@ -251,11 +251,11 @@ func decodeLegacySettled(mark int64, rest string) settledSet {
 	prev := mark
 	for _, f := range strings.Split(rest, ",") {
 		d, err := strconv.ParseInt(f, 10, 64)
-		if err != nil || d <= 0 || len(offs) > maxSettledMeta || prev > 1<<62-d {
+		if err != nil || d <= 0 || len(offs) > MaxSettledMeta || prev > 1<<62-d {
 			return nil
 		}
 		prev += d
 		offs = append(offs, prev)
 	}
-	return rangesOf(offs)
+	return RangesOf(offs)
 }

@@ -1,4 +1,4 @@
-package kafkaadapter
+package kafkacore
 
 import (
 	"math/rand/v2"
@@ -11,8 +11,8 @@ import (
 // randomSettled returns a random set above mark: runs of settled and not
 // settled offsets, the shapes a watermark sees (long settled stretches
 // after a stuck offset, scattered in-flight ones).
-func randomSettled(rng *rand.Rand, mark int64, ranges int) settledSet {
-	var s settledSet
+func randomSettled(rng *rand.Rand, mark int64, ranges int) Settled {
+	var s Settled
 	cur := mark + 1
 	for range ranges {
 		lo := cur + rng.Int64N(1+rng.Int64N(40))
@@ -20,7 +20,7 @@ func randomSettled(rng *rand.Rand, mark int64, ranges int) settledSet {
 			lo++
 		}
 		hi := lo + 1 + rng.Int64N(1+rng.Int64N(200))
-		s = s.add(lo, hi)
+		s = s.Add(lo, hi)
 		cur = hi
 	}
 	return s
@@ -31,11 +31,11 @@ func TestSettledRoundTrip(t *testing.T) {
 	for i := range 300 {
 		mark := rng.Int64N(1 << 40)
 		s := randomSettled(rng, mark, rng.IntN(3000))
-		meta := encodeSettled(mark, s)
-		if len(meta) > maxSettledMeta {
+		meta := EncodeSettled(mark, s)
+		if len(meta) > MaxSettledMeta {
 			t.Fatalf("case %d: %d bytes", i, len(meta))
 		}
-		got := decodeSettled(mark, meta)
+		got := DecodeSettled(mark, meta)
 		// What fits is a prefix of the ranges, whole.
 		if len(got) > len(s) || !slices.Equal(got, s[:len(got)]) {
 			t.Fatalf("case %d: decoded %v is not a prefix of %v", i, got, s)
@@ -44,10 +44,10 @@ func TestSettledRoundTrip(t *testing.T) {
 			t.Fatalf("case %d: %d ranges, nothing fit", i, len(s))
 		}
 		// Within 2% of the longest prefix that fits.
-		if n := len(got) + len(got)/50 + 1; n < len(s) && len(decodeSettled(mark, encodeSettled(mark, s[:n]))) == n {
+		if n := len(got) + len(got)/50 + 1; n < len(s) && len(DecodeSettled(mark, EncodeSettled(mark, s[:n]))) == n {
 			t.Fatalf("case %d: %d of %d ranges kept, %d fit", i, len(got), len(s), n)
 		}
-		if decodeSettled(mark+1, meta) != nil {
+		if DecodeSettled(mark+1, meta) != nil {
 			t.Fatalf("case %d: the map was read for another commit point", i)
 		}
 	}
@@ -57,13 +57,13 @@ func TestSettledRoundTrip(t *testing.T) {
 // offset settled) the map holds within Kafka's default 4 KiB.
 func TestSettledCapacity(t *testing.T) {
 	for _, step := range []int64{2, 3, 7} {
-		var s settledSet
+		var s Settled
 		for o := int64(1); o < 200_000; o += step {
-			s = s.add(o, o+step-1)
+			s = s.Add(o, o+step-1)
 		}
-		meta := encodeSettled(0, s)
-		got := decodeSettled(0, meta)
-		t.Logf("pattern 1 in %d not settled: %d of %d ranges in %d bytes (up to offset %d)", step, len(got), len(s), len(meta), got[len(got)-1].hi)
+		meta := EncodeSettled(0, s)
+		got := DecodeSettled(0, meta)
+		t.Logf("pattern 1 in %d not settled: %d of %d ranges in %d bytes (up to offset %d)", step, len(got), len(s), len(meta), got[len(got)-1].Hi)
 		if len(got) < 1000 {
 			t.Errorf("only %d ranges fit", len(got))
 		}
@@ -72,30 +72,30 @@ func TestSettledCapacity(t *testing.T) {
 
 func TestSettledNotOurs(t *testing.T) {
 	for _, meta := range []string{"", "hello", "sluice:s1:", "sluice:s1:!!", "sluice:s1:AA", "sluice:s1:Ag",
-		settledMetaPrefix + strings.Repeat("A", maxSettledMeta+1), "sluice-settled:", "sluice-settled:1,x", "sluice-settled:0"} {
-		if got := decodeSettled(5, meta); got != nil {
+		SettledMetaPrefix + strings.Repeat("A", MaxSettledMeta+1), "sluice-settled:", "sluice-settled:1,x", "sluice-settled:0"} {
+		if got := DecodeSettled(5, meta); got != nil {
 			t.Errorf("%q decoded to %v", meta, got)
 		}
 	}
 	// The replay LetterSource's earlier map is still read.
-	if got := decodeSettled(10, "sluice-settled:2,1,5"); !slices.Equal(got, settledSet{{12, 14}, {18, 19}}) {
+	if got := DecodeSettled(10, "sluice-settled:2,1,5"); !slices.Equal(got, Settled{{12, 14}, {18, 19}}) {
 		t.Fatalf("legacy map: %v", got)
 	}
 }
 
 func FuzzDecodeSettled(f *testing.F) {
-	f.Add(int64(7), encodeSettled(7, settledSet{{9, 12}, {20, 21}}))
-	f.Add(int64(0), encodeSettled(0, randomSettled(rand.New(rand.NewPCG(3, 4)), 0, 500)))
+	f.Add(int64(7), EncodeSettled(7, Settled{{9, 12}, {20, 21}}))
+	f.Add(int64(0), EncodeSettled(0, randomSettled(rand.New(rand.NewPCG(3, 4)), 0, 500)))
 	f.Add(int64(10), "sluice-settled:2,1,5")
 	f.Fuzz(func(t *testing.T, mark int64, meta string) {
-		s := decodeSettled(mark, meta)
+		s := DecodeSettled(mark, meta)
 		for i, r := range s {
-			if r.lo <= mark || r.hi <= r.lo || i > 0 && r.lo <= s[i-1].hi && !strings.HasPrefix(meta, legacySettledPrefix) {
+			if r.Lo <= mark || r.Hi <= r.Lo || i > 0 && r.Lo <= s[i-1].Hi && !strings.HasPrefix(meta, LegacySettledPrefix) {
 				t.Fatalf("mark %d: bad range %d %v in %v", mark, i, r, s)
 			}
 		}
-		if len(s) > 0 && !strings.HasPrefix(meta, legacySettledPrefix) {
-			again := decodeSettled(mark, encodeSettled(mark, s))
+		if len(s) > 0 && !strings.HasPrefix(meta, LegacySettledPrefix) {
+			again := DecodeSettled(mark, EncodeSettled(mark, s))
 			if len(again) == 0 || !slices.Equal(again, s[:len(again)]) {
 				t.Fatalf("re-encoded %v decodes to %v", s, again)
 			}
@@ -185,7 +185,7 @@ func TestWatermarkMapStuckOffset(t *testing.T) {
 	if !ok || p != 0 {
 		t.Fatalf("the map changed but no commit is due: point %d ok %v", p, ok)
 	}
-	if got := decodeSettled(0, meta); !slices.Equal(got, settledSet{{1, 10_001}}) || len(meta) > 40 {
+	if got := DecodeSettled(0, meta); !slices.Equal(got, Settled{{1, 10_001}}) || len(meta) > 40 {
 		t.Fatalf("map %q = %v", meta, got)
 	}
 	t.Logf("10,000 settled behind a stuck offset: %d bytes of metadata (%s)", len(meta), strconv.Quote(meta))
@@ -199,10 +199,10 @@ func BenchmarkEncodeSettled(b *testing.B) {
 		b.Run(strconv.Itoa(n), func(b *testing.B) {
 			var meta string
 			for b.Loop() {
-				meta = encodeSettled(1000, s)
+				meta = EncodeSettled(1000, s)
 			}
 			b.ReportMetric(float64(len(meta)), "bytes")
-			b.ReportMetric(float64(len(decodeSettled(1000, meta))), "ranges")
+			b.ReportMetric(float64(len(DecodeSettled(1000, meta))), "ranges")
 		})
 	}
 }
