@@ -1,9 +1,11 @@
 package consumer_test
 
 import (
+	"cmp"
 	"errors"
 	"regexp"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -33,6 +35,7 @@ const (
 	invLedger         = "Fetched equals the sum of Settled plus Held, and counters never go backwards"
 	invKeptAlive      = "a held message is kept alive"
 	invHeldBackDelay  = "an ordered route runs a held-back message again only after its delay"
+	invHandBackOrder  = "an ordered route hands a key's messages back in the order it took them"
 )
 
 // ---- at each handler start (w.mu held) ----
@@ -122,6 +125,70 @@ func (w *simWorld) overtakenOnlyByWhatNeverRuns() {
 			!w.cfg.Hook && len(o.settles) > 0 && o.settles[0].s.Op != consumer.SettleNak
 		if len(o.runs) > 0 || !expired {
 			w.failf(invKeyOrder, "%s started before %s, fetched earlier with its key, was settled", d.id, o.id)
+		}
+	}
+}
+
+// handedBackInOrder: the messages an ordered route hands back (a Nak, on
+// shutdown) reach the broker in the order the route took them, per key, so
+// a broker that redelivers in nak order (a JetStream durable) or from the
+// last commit delivers the key in order again (order.go). Judged on each
+// message's last settlement, by when it was sent; keys the broker
+// redelivered on its own (a refused settlement, a duplicate) are left out.
+func (w *simWorld) handedBackInOrder() {
+	first := map[*simLogical]int64{}
+	prev := map[*simLogical]*simDelivery{}
+	dup := map[*simLogical]bool{}
+	for _, d := range w.all { // in fetch order
+		if _, ok := first[d.lg]; !ok {
+			first[d.lg] = d.fetchSeq
+		}
+		if p := prev[d.lg]; p != nil && (len(p.settles) == 0 || p.settles[0].seq > d.fetchSeq) {
+			dup[d.lg] = true // delivered again while held: the broker's own redelivery
+		}
+		prev[d.lg] = d
+	}
+	type back struct {
+		first, nak int64
+		id         string
+	}
+	keys := map[string][]back{}
+	skip := map[string]bool{}
+	for _, b := range w.routes {
+		if b.r.Ordering == consumer.Unordered {
+			continue
+		}
+		for _, l := range b.msgs {
+			d := l.latest
+			if d == nil {
+				continue
+			}
+			k := w.orderKey(d)
+			if k == "" {
+				continue
+			}
+			k = itoa(b.r.Index) + "/" + k
+			if l.refused || dup[l] {
+				skip[k] = true
+			}
+			if l.done || l.lost != "" || len(d.settles) == 0 {
+				continue
+			}
+			if s := d.settles[len(d.settles)-1]; s.s.Op == consumer.SettleNak {
+				keys[k] = append(keys[k], back{first[l], s.seq, d.id})
+			}
+		}
+	}
+	for k, bs := range keys {
+		if skip[k] {
+			continue
+		}
+		slices.SortFunc(bs, func(a, b back) int { return cmp.Compare(a.first, b.first) })
+		for i := 1; i < len(bs); i++ {
+			if bs[i].nak < bs[i-1].nak {
+				w.failf(invHandBackOrder, "key %s: %s was handed back after %s, taken after it", k, bs[i-1].id, bs[i].id)
+				break
+			}
 		}
 	}
 }
@@ -315,6 +382,7 @@ func (w *simWorld) checkDeliveries(runErr error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.overtakenOnlyByWhatNeverRuns()
+	w.handedBackInOrder()
 	for _, d := range w.all {
 		if w.cfg.Hook {
 			w.everyFetchedMessageEndsInExactlyOneOutcome(d)

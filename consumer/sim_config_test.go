@@ -29,11 +29,12 @@ const (
 	fHandlerSlow
 	fHandlerStuck
 	fDuplicate
+	fDeafFetch // a fetch in flight hands over what arrives after ctx ended (a pull batch, a client's buffer)
 	nFaultKinds = iota
 )
 
 var faultNames = [...]string{"fetch-error", "source-closed", "settle-fail", "settle-hang", "settle-pending",
-	"keepalive-fail", "sink-fail", "sink-hang", "sink-slow", "handler-fail", "handler-slow", "handler-stuck", "duplicate"}
+	"keepalive-fail", "sink-fail", "sink-hang", "sink-slow", "handler-fail", "handler-slow", "handler-stuck", "duplicate", "deaf-fetch"}
 
 func faultString(mask uint32) string {
 	var s []string

@@ -85,6 +85,7 @@ type simLogical struct {
 	done       bool   // acked or terminated on the broker
 	lost       string // why the broker gave up on it ("" not)
 	dlqFailed  bool   // a delivery ended DLQFailed: the next is only written
+	refused    bool   // the broker refused a settlement of it (it redelivers on its own)
 }
 
 // simDelivery is one delivery of a logical message: the Acker and everything
@@ -232,8 +233,15 @@ func (b *simBroker) Fetch(ctx context.Context, maxMessages int, maxBytes int64) 
 	}
 	poll := time.NewTimer(50 * time.Millisecond)
 	defer poll.Stop()
+	done := ctx.Done()
+	deaf := w.cfg.has(fDeafFetch) && g.IntN(2) == 0 && !healed
 	for {
 		if msgs := b.take(maxMessages, maxBytes, g); len(msgs) > 0 {
+			if done == nil {
+				// Deaf, after ctx ended: the response is on its way while
+				// the route goes on stopping.
+				time.Sleep(durBetween(g, 0, 5*time.Millisecond))
+			}
 			return msgs, nil
 		}
 		var t <-chan time.Time
@@ -243,8 +251,14 @@ func (b *simBroker) Fetch(ctx context.Context, maxMessages int, maxBytes int64) 
 			t = tm.C
 		}
 		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
+		case <-done:
+			if !deaf {
+				return nil, ctx.Err()
+			}
+			// Deaf: what arrives until the poll ends is still handed over,
+			// after ctx ended (a redelivery of a message the stopping route
+			// just handed back, among others).
+			done = nil
 		case <-poll.C:
 			return nil, nil
 		case <-b.wake:
@@ -450,6 +464,7 @@ func (d *simDelivery) Settle(ctx context.Context, s consumer.Settlement) error {
 			if answer == nil {
 				b.applyLocked(d, s)
 			} else {
+				d.lg.refused = true
 				b.redeliverLocked(d.lg, d, 100*time.Millisecond, "settlement failed on the last delivery")
 			}
 			w.mu.Unlock()
@@ -476,6 +491,7 @@ func (d *simDelivery) Settle(ctx context.Context, s consumer.Settlement) error {
 	if err == nil {
 		b.applyLocked(d, s)
 	} else {
+		d.lg.refused = true
 		b.redeliverLocked(d.lg, d, 100*time.Millisecond, "settlement failed on the last delivery")
 	}
 	w.mu.Unlock()
