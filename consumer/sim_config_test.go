@@ -29,7 +29,7 @@ const (
 	fHandlerSlow
 	fHandlerStuck
 	fDuplicate
-	fDeafFetch // a fetch in flight hands over what arrives after ctx ended (a pull batch, a client's buffer)
+	fDeafFetch  // a fetch in flight hands over what arrives after ctx ended (a pull batch, a client's buffer)
 	nFaultKinds = iota
 )
 
