@@ -10,6 +10,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/sluice-go/sluice/dlq"
 )
 
 // BatchHandler processes a batch of messages at once: one bulk write (a
@@ -263,12 +265,32 @@ type forming struct {
 	earliest time.Time // earliest deadline taken
 	full     bool      // cut: the next message does not fit
 	late     []*Message
+	// origins holds the Origins of the messages taken that have one (a
+	// stream or topic): a redelivery of a message already in the batch
+	// does not join it (see again).
+	origins map[dlq.Origin]struct{}
 }
+
+// again reports whether m is another delivery of a message f holds (the
+// broker redelivered it while the first was held): it waits for a later
+// batch, so a batch never writes one message twice (a bulk upsert may
+// refuse to touch a row twice in one statement), and on an ordered route
+// the two never run at once. Only messages whose Source fills Origin (a
+// stream or topic) can be told apart this way.
+func (f *forming) again(m *Message) bool {
+	if !hasOrigin(m) {
+		return false
+	}
+	_, ok := f.origins[m.Origin]
+	return ok
+}
+
+func hasOrigin(m *Message) bool { return m.Origin.Stream != "" || m.Origin.Topic != "" }
 
 // fits reports whether m may join f at now (route clock), and whether m
 // cannot make its deadline even alone (late).
 func (bt *batcher) fits(f *forming, m *Message, now time.Time) (ok, late bool) {
-	if len(f.ms) >= bt.max || len(f.ms) > 0 && f.bytes+m.cost() > bt.maxBytes {
+	if len(f.ms) >= bt.max || len(f.ms) > 0 && f.bytes+m.cost() > bt.maxBytes || f.again(m) {
 		return false, false
 	}
 	if m.deadline.IsZero() {
@@ -287,6 +309,12 @@ func (bt *batcher) fits(f *forming, m *Message, now time.Time) (ok, late bool) {
 func (f *forming) add(m *Message) {
 	f.ms = append(f.ms, m)
 	f.bytes += m.cost()
+	if hasOrigin(m) {
+		if f.origins == nil {
+			f.origins = map[dlq.Origin]struct{}{}
+		}
+		f.origins[m.Origin] = struct{}{}
+	}
 	if d := m.deadline; !d.IsZero() && (f.earliest.IsZero() || d.Before(f.earliest)) {
 		f.earliest = d
 	}
@@ -338,6 +366,7 @@ func (bt *batcher) fillLocked(f *forming, now time.Time, target int) {
 	full := now.Add(bt.model.high(target))
 	alone := now.Add(bt.model.high(1))
 	var take, late []int // queue indexes, in the queue's order
+	var taking map[dlq.Origin]struct{}
 	bytes, n := f.bytes, len(f.ms)
 	for j := 0; j < q.n && n < target; j++ {
 		i := j
@@ -347,8 +376,17 @@ func (bt *batcher) fillLocked(f *forming, now time.Time, target int) {
 		m := q.at(i)
 		switch {
 		case m.deadline.IsZero() || full.Before(m.deadline):
-			if n > 0 && bytes+m.cost() > bt.maxBytes {
+			if n > 0 && bytes+m.cost() > bt.maxBytes || f.again(m) {
 				continue
+			}
+			if hasOrigin(m) {
+				if _, ok := taking[m.Origin]; ok {
+					continue
+				}
+				if taking == nil {
+					taking = map[dlq.Origin]struct{}{}
+				}
+				taking[m.Origin] = struct{}{}
 			}
 			take = append(take, i)
 			bytes += m.cost()
@@ -381,30 +419,43 @@ func (bt *batcher) fillLocked(f *forming, now time.Time, target int) {
 // (riders). It reports false when the queue is closed and empty. The
 // batch's place under the resource cap is given back by queue.finished.
 func (bt *batcher) take() (ms []*Message, linger time.Duration, ok bool) {
+	for {
+		f, linger, ok := bt.form1()
+		// Messages found unable to make their deadline are settled after
+		// the forming token is given back: a slow dead-letter write for
+		// one of them holds up this worker only, not every worker's
+		// batches.
+		bt.expireLate(&f)
+		if !ok || len(f.ms) > 0 {
+			return f.ms, linger, ok
+		}
+	}
+}
+
+// form1 is one try of take, holding the forming token: it waits for a
+// queued message, takes what fits (and lingers), and adds the riders. It
+// returns with f.ms empty when all it found was late (f.late).
+func (bt *batcher) form1() (f forming, linger time.Duration, ok bool) {
 	r, q := bt.r, bt.r.queue
 	bt.form <- struct{}{}
 	defer func() { <-bt.form }()
-	var f forming
-	for len(f.ms) == 0 {
-		q.mu.Lock()
-		for q.n == 0 || !q.mayTakeLocked() {
-			if q.n == 0 && q.closed && q.heldBack == 0 {
-				q.mu.Unlock()
-				return nil, 0, false
-			}
-			q.cond.Wait()
+	q.mu.Lock()
+	for q.n == 0 || !q.mayTakeLocked() {
+		if q.n == 0 && q.closed && q.heldBack == 0 {
+			q.mu.Unlock()
+			return f, 0, false
 		}
-		bt.takeLocked(&f, r.clock.Now())
-		if len(f.ms) > 0 && bt.linger > 0 && !f.full && len(f.ms) < bt.max {
-			linger = bt.lingerLocked(&f)
-		}
-		if len(f.ms) > 0 {
-			q.taken.Add(1)
-		}
-		q.mu.Unlock()
-		bt.expireLate(&f)
+		q.cond.Wait()
 	}
-	if r.order != nil {
+	bt.takeLocked(&f, r.clock.Now())
+	if len(f.ms) > 0 && bt.linger > 0 && !f.full && len(f.ms) < bt.max {
+		linger = bt.lingerLocked(&f)
+	}
+	if len(f.ms) > 0 {
+		q.taken.Add(1)
+	}
+	q.mu.Unlock()
+	if len(f.ms) > 0 && r.order != nil {
 		now := r.clock.Now()
 		r.order.takeRiders(f.ms, func(m *Message) bool {
 			if ok, _ := bt.fits(&f, m, now); ok {
@@ -414,7 +465,7 @@ func (bt *batcher) take() (ms []*Message, linger time.Duration, ok bool) {
 			return false
 		})
 	}
-	return f.ms, linger, true
+	return f, linger, true
 }
 
 // lingerLocked waits, up to the policy's Linger, for messages to fill f,
@@ -498,8 +549,10 @@ func (o *orderer) takeRiders(heads []*Message, add func(*Message) bool) {
 // unride puts a key's riders that were not settled from their batch
 // (after a message of their key that failed) back at the front of its
 // waiting messages, in order: they run again once the failed one is
-// settled.
-func (o *orderer) unride(ms []*Message) {
+// settled. It returns those of ms that are no longer riders but their
+// key's head (the message before them was settled meanwhile): the caller
+// queues them.
+func (o *orderer) unride(ms []*Message) (heads []*Message) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	for i := len(ms) - 1; i >= 0; i-- {
@@ -511,6 +564,9 @@ func (o *orderer) unride(ms []*Message) {
 		before := len(k.riders)
 		k.riders = dropRider(k.riders, m)
 		if len(k.riders) == before {
+			if k.head == m {
+				heads = append(heads, m)
+			}
 			continue // no longer a rider: the head, or settled
 		}
 		if k.whead > 0 {
@@ -523,6 +579,7 @@ func (o *orderer) unride(ms []*Message) {
 		}
 		o.waiting++
 	}
+	return heads
 }
 
 // dropRider returns riders without m.
@@ -539,38 +596,13 @@ func dropRider(riders []*Message, m *Message) []*Message {
 // the handler on those that pass, and settles each from its result.
 func (r *route) runBatch(ms []*Message, linger time.Duration) {
 	bt := r.batch
-	now := r.clock.Now()
-	keep := ms[:0]
-	for _, m := range ms {
-		if msgState(m.state.Load()) != stateHeld {
-			// Another party claimed it (settled, or settling it) after it
-			// was queued: it is theirs, and never run.
-			continue
-		}
-		if revoked(m) || r.stopping.Load() && !r.runsAtShutdown(m) {
-			r.giveBack(m)
-			continue
-		}
-		if f, ok := r.awaitingLetter(m); ok {
-			r.toSink(m, f.class, errors.New(f.cause), now, OutcomeDeadLettered)
-			continue
-		}
-		if !m.deadline.IsZero() {
-			if !now.Before(m.deadline) {
-				// Any run would end after it.
-				r.expire(m, now)
-				continue
-			}
-			if d := r.cfg.Overload.ShedNearDeadline; d > 0 && m.deadline.Sub(now) < d {
-				r.shed(m, ShedNearDeadline)
-				continue
-			}
-			if bt.model.late(now, m.deadline, 1) {
-				r.expireEarly(m, now)
-				continue
-			}
-		}
-		keep = append(keep, m)
+	// A check that settles a message may take long (a dead-letter write):
+	// the others are checked again after it, until a pass settles none,
+	// so none runs past its deadline or after a shutdown took it.
+	keep := ms
+	for n := -1; n != len(keep) && len(keep) > 0; {
+		n = len(keep)
+		keep = r.checkBatch(keep, r.clock.Now())
 	}
 	if len(keep) == 0 {
 		return
@@ -646,6 +678,118 @@ func (r *route) runBatch(ms []*Message, linger time.Duration) {
 	}
 }
 
+// checkBatch gives each message of a formed batch the checks before its
+// run (beforeBatch) and returns those that pass, in order (in ms's array).
+func (r *route) checkBatch(ms []*Message, now time.Time) []*Message {
+	keep := ms[:0]
+	// On an ordered route a key's riders run only behind their key's
+	// messages before them in the batch: once one of those is left out of
+	// the run and still holds its key (held back to run again, its letter
+	// being retried, its settlement not yet confirmed), the key's later
+	// messages are put back in their key instead (cut, back).
+	var cut map[*keyState]bool
+	var back []*Message
+	for _, m := range ms {
+		var k *keyState
+		if r.order != nil {
+			k = r.order.keyOf(m)
+		}
+		if k != nil && cut[k] {
+			back = append(back, m)
+			continue
+		}
+		switch r.beforeBatch(m, now, k != nil && r.order.isRider(m)) {
+		case batchRun:
+			keep = append(keep, m)
+			continue
+		case batchHold:
+			back = append(back, m)
+		}
+		if k != nil && r.order.keyOf(m) != nil {
+			if cut == nil {
+				cut = map[*keyState]bool{}
+			}
+			cut[k] = true
+		}
+	}
+	if len(back) > 0 {
+		r.unride(back)
+	}
+	return keep
+}
+
+// What beforeBatch does with a message of a formed batch.
+const (
+	batchRun  = iota // it runs in the batch
+	batchGone        // settled, handed back, or another party's: not run
+	batchHold        // a rider to put back in its key (unride), not run
+)
+
+// beforeBatch gives m the checks a message gets before its handler runs
+// (claimed, revoked, shutdown, awaiting its letter, expired, shed near its
+// deadline, predicted late), settling it when one fails. A rider (a key's
+// message behind its head in the batch) that would be shed is put back
+// instead: a Nak to the broker would bring it back after its key's later
+// messages.
+func (r *route) beforeBatch(m *Message, now time.Time, rider bool) int {
+	if msgState(m.state.Load()) != stateHeld {
+		// Another party claimed it (settled, or settling it) after it was
+		// queued: it is theirs, and never run.
+		return batchGone
+	}
+	if revoked(m) || r.stopping.Load() && !r.runsAtShutdown(m) {
+		r.giveBack(m)
+		return batchGone
+	}
+	if f, ok := r.awaitingLetter(m); ok {
+		r.toSink(m, f.class, errors.New(f.cause), now, OutcomeDeadLettered)
+		return batchGone
+	}
+	if !m.deadline.IsZero() {
+		if !now.Before(m.deadline) {
+			// Any run would end after it.
+			r.expire(m, now)
+			return batchGone
+		}
+		if d := r.cfg.Overload.ShedNearDeadline; d > 0 && m.deadline.Sub(now) < d {
+			if rider {
+				return batchHold
+			}
+			r.shed(m, ShedNearDeadline)
+			return batchGone
+		}
+		if r.batch.model.late(now, m.deadline, 1) {
+			r.expireEarly(m, now)
+			return batchGone
+		}
+	}
+	return batchRun
+}
+
+// unride puts ms, riders of this batch, back in their keys (see
+// orderer.unride), and queues those among them that became their key's
+// head meanwhile (the message before them was settled and released).
+func (r *route) unride(ms []*Message) {
+	for _, m := range r.order.unride(ms) {
+		r.order.requeue(m, false)
+	}
+}
+
+// keyOf returns the key m holds on an ordered route (nil: none, or
+// released).
+func (o *orderer) keyOf(m *Message) *keyState {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return m.okey
+}
+
+// isRider reports whether m runs in a batch behind its key's head.
+func (o *orderer) isRider(m *Message) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return m.okey != nil && slices.Contains(m.okey.riders, m)
+}
+
 // holdAfterFailures, on an ordered route, puts back the messages of a key
 // that come after a failed message of that key in the batch: they are not
 // settled from this batch (so never acked ahead of it) and run again, in
@@ -678,7 +822,7 @@ func (r *route) holdAfterFailures(ms []*Message, errs []error) []bool {
 		}
 	}
 	if len(back) > 0 {
-		r.order.unride(back)
+		r.unride(back)
 	}
 	return held
 }

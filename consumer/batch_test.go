@@ -985,3 +985,247 @@ func TestBatchLedgerUnderFaults(t *testing.T) {
 		})
 	}
 }
+
+// A key's head shed near its deadline when its batch is about to run (an
+// ordered route holds it back to run again) keeps its riders back too: they
+// run after it is settled, never ahead of it. (The simulation found the
+// riders running, and acked, ahead of their shed head.)
+func TestBatchShedHeadKeepsRidersBack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		src := sluicetest.NewSource()
+		soon := consumer.Headers{}
+		soon.Set(expiry.DefaultHeader, expiry.FormatDeadline(time.Now().Add(55*time.Millisecond)))
+		src.PublishMsg(sluicetest.Msg{ID: "a1", Key: []byte("a"), Value: []byte("a1"), Headers: soon})
+		src.PublishMsg(sluicetest.Msg{ID: "b1", Key: []byte("b"), Value: []byte("b1")})
+		src.PublishMsg(sluicetest.Msg{ID: "a2", Key: []byte("a"), Value: []byte("a2")})
+		src.PublishMsg(sluicetest.Msg{ID: "a3", Key: []byte("a"), Value: []byte("a3")})
+		var log batchLog
+		r := batchRoute("r", src, func(ctx context.Context, b *consumer.Batch) error {
+			ids := make([]string, b.Len())
+			for i, m := range b.Messages {
+				ids[i] = string(m.Value)
+			}
+			log.mu.Lock()
+			log.batches = append(log.batches, ids)
+			log.mu.Unlock()
+			return nil
+		})
+		r.Ordering = consumer.ByKey
+		r.Window.MinFetch = 4
+		// At the batch's start (after the 10 ms linger) a1 has 45 ms left.
+		r.Overload.ShedNearDeadline = 50 * time.Millisecond
+		r.Overload.ShedDelay = 100 * time.Millisecond
+		hook := &settledOrder{}
+		c, err := consumer.New(consumer.Options{Hook: hook}, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stop := start(t, c)
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if err := stop(); err != nil {
+			t.Fatal(err)
+		}
+		hook.mu.Lock()
+		order := slices.Clone(hook.ids)
+		hook.mu.Unlock()
+		var as []string
+		for _, o := range order {
+			if strings.HasPrefix(o, "a") {
+				as = append(as, o)
+			}
+		}
+		want := []string{"a1:expired", "a2:succeeded", "a3:succeeded"}
+		if !slices.Equal(as, want) {
+			t.Fatalf("key a settled %v, want %v (batches %v)", as, want, log.get())
+		}
+		if bs := log.get(); len(bs) == 0 || !slices.Equal(bs[0], []string{"b1"}) {
+			t.Fatalf("batches %v: the first should hold b1 alone", bs)
+		}
+	})
+}
+
+// dupSource hands over, in one fetch, two deliveries of one message (same
+// Origin: the broker redelivered it while the first was held) and another
+// message; an Acker that acks at once.
+type dupSource struct {
+	once sync.Once
+}
+
+type nopAcker struct{}
+
+func (nopAcker) Settle(context.Context, consumer.Settlement) error { return nil }
+func (nopAcker) InProgress(context.Context) error                  { return nil }
+
+func (s *dupSource) Attach(consumer.RouteLimits) (consumer.SourceInfo, error) {
+	return consumer.SourceInfo{}, nil
+}
+
+func (s *dupSource) Fetch(ctx context.Context, _ int, _ int64) ([]*consumer.Message, error) {
+	var out []*consumer.Message
+	s.once.Do(func() {
+		for i, off := range []int64{7, 7, 8} {
+			m := consumer.NewMessage(nopAcker{})
+			m.Topic = "t"
+			m.Value = []byte(fmt.Sprint("d", i, "-off", off))
+			m.Size = 10
+			m.Origin = dlq.Origin{Topic: "t", Offset: off}
+			out = append(out, m)
+		}
+	})
+	if out != nil {
+		return out, nil
+	}
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// A batch never holds two deliveries of one message (the same Origin): the
+// second waits for a later batch, so a bulk write never touches one row
+// twice in one statement. (The simulation found both deliveries of a
+// message running in one batch, at once.)
+func TestBatchRedeliveryWaitsForNextBatch(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var log batchLog
+		r := batchRoute("r", &dupSource{}, func(ctx context.Context, b *consumer.Batch) error {
+			ids := make([]string, b.Len())
+			for i, m := range b.Messages {
+				ids[i] = string(m.Value)
+			}
+			log.mu.Lock()
+			log.batches = append(log.batches, ids)
+			log.mu.Unlock()
+			return nil
+		})
+		c, err := consumer.New(consumer.Options{}, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stop := start(t, c)
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if err := stop(); err != nil {
+			t.Fatal(err)
+		}
+		// The second delivery cuts the first batch; it runs in the next.
+		got := fmt.Sprint(log.get())
+		want := "[[d0-off7] [d1-off7 d2-off8]]"
+		if got != want {
+			t.Fatalf("batches %s, want %s", got, want)
+		}
+		if s := c.Stats()[0]; s.Settled[consumer.OutcomeSucceeded] != 3 {
+			t.Fatalf("settled %v", s.Settled)
+		}
+	})
+}
+
+// A message whose dead-letter write takes long in the checks before its
+// batch runs does not make the others run unchecked after it: a message
+// whose deadline passed meanwhile is expired, not run. (The simulation
+// found a batch run after a hung write, past its messages' deadlines and
+// after the shutdown had abandoned them.)
+func TestBatchChecksAgainAfterSlowLetter(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		src := sluicetest.NewSource()
+		dl := func(d time.Duration) consumer.Headers {
+			h := consumer.Headers{}
+			h.Set(expiry.DefaultHeader, expiry.FormatDeadline(time.Now().Add(d)))
+			return h
+		}
+		// x expires during the 10 ms linger; y 200 ms later.
+		src.PublishMsg(sluicetest.Msg{ID: "x", Value: []byte("x"), Headers: dl(5 * time.Millisecond)})
+		src.PublishMsg(sluicetest.Msg{ID: "y", Value: []byte("y"), Headers: dl(200 * time.Millisecond)})
+		var ran []string
+		var mu sync.Mutex
+		r := batchRoute("r", src, func(ctx context.Context, b *consumer.Batch) error {
+			mu.Lock()
+			defer mu.Unlock()
+			for _, m := range b.Messages {
+				ran = append(ran, string(m.Value))
+			}
+			return nil
+		})
+		r.Window.MinFetch = 2
+		r.DeadLetter.OnExpired = consumer.ExpiredDeadLetter
+		r.DeadLetter.Sink = dlq.SinkFunc(func(ctx context.Context, l *dlq.Letter) error {
+			time.Sleep(500 * time.Millisecond) // a slow store
+			return nil
+		})
+		hook := &settledOrder{}
+		c, err := consumer.New(consumer.Options{Hook: hook}, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stop := start(t, c)
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		if err := stop(); err != nil {
+			t.Fatal(err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		hook.mu.Lock()
+		defer hook.mu.Unlock()
+		if len(ran) != 0 || hook.out["x"] != consumer.OutcomeExpired || hook.out["y"] != consumer.OutcomeExpired {
+			t.Fatalf("ran %v, outcomes %v: both should expire, neither run", ran, hook.out)
+		}
+	})
+}
+
+// A slow dead-letter write for a message found unable to make its deadline
+// while a batch forms holds up the worker that found it, not the other
+// workers' batches: the forming token is given back before the write.
+func TestBatchLateLetterDoesNotStallOtherWorkers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		src := sluicetest.NewSource()
+		begin := time.Now()
+		var mu sync.Mutex
+		started := map[string]time.Duration{}
+		r := batchRoute("r", src, func(ctx context.Context, b *consumer.Batch) error {
+			for _, m := range b.Messages {
+				mu.Lock()
+				started[string(m.Value)] = time.Since(begin)
+				mu.Unlock()
+				if string(m.Value) == "warm" {
+					time.Sleep(100 * time.Millisecond) // the route learns batches take 100 ms
+				}
+			}
+			return nil
+		})
+		r.Workers = 2
+		r.Batch = consumer.BatchPolicy{MaxMessages: 1}
+		r.DeadLetter.OnExpired = consumer.ExpiredDeadLetter
+		r.DeadLetter.Sink = dlq.SinkFunc(func(ctx context.Context, l *dlq.Letter) error {
+			time.Sleep(time.Second) // a slow store
+			return nil
+		})
+		c, err := consumer.New(consumer.Options{}, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stop := start(t, c)
+		src.Publish("warm", []byte("warm"), nil, time.Time{})
+		time.Sleep(200 * time.Millisecond)
+		// x cannot finish in its 50 ms: it is found late when a batch forms.
+		src.PublishMsg(sluicetest.Msg{ID: "x", Value: []byte("x"), Headers: deadlineIn(50 * time.Millisecond)})
+		src.Publish("y", []byte("y"), nil, time.Time{})
+		src.Publish("z", []byte("z"), nil, time.Time{})
+		time.Sleep(3 * time.Second)
+		synctest.Wait()
+		if err := stop(); err != nil {
+			t.Fatal(err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		s := c.Stats()[0]
+		if _, ran := started["x"]; ran || s.Settled[consumer.OutcomeExpired] != 1 {
+			t.Fatalf("x ran or was not expired: %v, settled %v", started, s.Settled)
+		}
+		// One of y and z waits for the write on the worker that found x;
+		// the other runs at once on the other worker.
+		first := min(started["y"], started["z"])
+		if first > 300*time.Millisecond || started["y"] == 0 || started["z"] == 0 {
+			t.Fatalf("y and z started at %v and %v: the slow letter held up both workers", started["y"], started["z"])
+		}
+	})
+}

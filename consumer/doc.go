@@ -46,11 +46,13 @@
 // table says what the broker is told and when:
 //
 //	Outcome        when                                          broker sees
-//	Succeeded      the handler returned nil                      Ack
+//	Succeeded      the handler returned nil (a BatchHandler:      Ack
+//	                 nil, and Batch.Fail did not mark it)
 //	Expired        deadline passed (or would, before it ends)    DeadLetter.OnExpired: Ack (default), Term,
 //	                 at fetch, in the queue, before or during      or a dead letter then Term
 //	                 the handler; it is never (re)run
-//	Retried        retryable error, attempts left                Nak(backoff)
+//	Retried        retryable error (a batch's: its Fail mark,    Nak(backoff)
+//	                 else the BatchHandler's), attempts left
 //	Overloaded     backpressure.Overloaded(err), attempts left   Nak(backoff); no retry in process
 //	DeadLettered   Permanent(err), out of attempts (retryable    the sink's write first, then Term
 //	                 or overloaded), oversize by policy, or a
@@ -133,7 +135,11 @@
 //   - a settled message is never run later;
 //   - no message runs twice at once;
 //   - an ordered route runs one message of a key at a time, in delivery
-//     order;
+//     order (a batch: a key's messages in delivery order, see Batches);
+//   - a message of a batch is not acked ahead of an earlier message of its
+//     key in the batch;
+//   - a batch holds at most MaxMessages messages and MaxBytes bytes (a
+//     larger message alone), and its ctx ends by its earliest deadline;
 //   - an ordered route runs a held-back message again only after its delay;
 //   - the window and the Budget are never exceeded, and capacity comes back
 //     exactly once;
@@ -217,11 +223,26 @@
 //     error is applied to each, and Batch.Fail marks single messages
 //     (Permanent, backpressure.Overloaded, or retryable), each then settled
 //     through the table above with its own attempts, dead letter (written
-//     before the Term) and last-delivery rules.
+//     before the Term) and last-delivery rules. A panic is ErrPanic for
+//     each message not marked.
+//   - Checks: right before the handler runs, each message of the batch
+//     gets a Handler's checks (claimed, revoked, shutdown, awaiting its
+//     dead letter, expired, shed near its deadline, predicted late); one
+//     that fails them is settled and left out. Settling one may take long
+//     (a dead-letter write), so the others are checked again after it: a
+//     batch never runs a message past its deadline or after the shutdown
+//     took it.
+//   - Redeliveries: a batch never holds two deliveries of one message
+//     (the same Message.Origin: the broker redelivered it while the first
+//     was held); the second waits for a later batch, so a bulk upsert
+//     never touches one row twice in one statement. Sources that leave
+//     Origin empty cannot be told apart this way.
 //   - Window: messages in a forming or a running batch hold their window
 //     slots until each is settled; each worker runs one batch at a time.
 //   - Deadlines: a message that cannot finish in time is settled as
-//     expired before its batch runs (0 handler runs for it); a batch is cut
+//     expired before its batch runs (0 handler runs for it), by the worker
+//     that found it once it has let the other workers form their batches
+//     (a slow dead-letter write holds up that worker only); a batch is cut
 //     so that its predicted end (learned per route as a fixed cost plus a
 //     cost per message: RouteStats.Batch) comes before its earliest
 //     deadline, which the handler's ctx carries. Under overload (the
@@ -233,7 +254,13 @@
 //     batch are held, not settled: never acked ahead of it, they run again
 //     in a later batch once it is settled (retried in place, dead-lettered
 //     or expired), without counting an attempt. A handler that writes them
-//     anyway sees them again: write idempotently.
+//     anyway sees them again: write idempotently. The same holds when a
+//     key's message is left out of the run by the checks and still holds
+//     its key (held back after a shed, its dead letter being retried): its
+//     key's later messages in the batch are put back and run after it. A
+//     held message whose deadline passes while it waits again is expired
+//     like any waiting message (see Ordering, "Expiry"), though the handler
+//     saw it once.
 //
 // See BatchPolicy for the sizes and the linger, and examples/bulkinsert for
 // PostgreSQL.

@@ -2,6 +2,7 @@ package consumer_test
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"regexp"
 	"runtime"
@@ -36,6 +37,8 @@ const (
 	invKeptAlive      = "a held message is kept alive"
 	invHeldBackDelay  = "an ordered route runs a held-back message again only after its delay"
 	invHandBackOrder  = "an ordered route hands a key's messages back in the order it took them"
+	invBatchBounds    = "a batch holds at most MaxMessages messages and MaxBytes bytes (a larger message alone), and its ctx ends by its earliest deadline"
+	invRiderNotFirst  = "a message of a batch is not acked ahead of an earlier message of its key in the batch"
 )
 
 // ---- at each handler start (w.mu held) ----
@@ -91,16 +94,36 @@ func (w *simWorld) orderKey(d *simDelivery) string {
 // retrier keeps it, off the key, for it never runs here). A message that
 // ran and whose letter failed keeps its key until the letter is written.
 func released(o *simDelivery) bool {
-	return len(o.settles) > 0 || o.settled != nil || o.letterStart != 0 && len(o.runs) == 0
+	return len(o.settles) > 0 || o.settled != nil || o.letterStart != 0 && !ranForItsOutcome(o)
 }
 
+// On a batch route a key's messages may run together in one batch, in
+// delivery order (the riders after their key's head): an earlier message
+// of the key before d in d's batch is not overtaking; that d is not acked
+// ahead of it is checked once the run is over
+// (ridersNotAckedAheadOfTheirKey).
 func (w *simWorld) orderedRouteRunsOneOfAKeyAtATimeInDeliveryOrder(d *simDelivery) {
 	k := w.orderKey(d)
 	if k == "" {
 		return
 	}
+	j := -1
+	if d.batch != nil {
+		j = slices.Index(d.batch.ds, d)
+	}
 	for _, o := range w.all {
 		if o == d || o.lg.route != d.lg.route || w.orderKey(o) != k {
+			continue
+		}
+		inBatch := j >= 0 && d.batch.before(o, j)
+		if inBatch && o.fetchSeq > d.fetchSeq {
+			w.failf(invKeyOrder, "%s runs in a batch after %s of its key, fetched later", d.id, o.id)
+			continue
+		}
+		// Two deliveries of one message are told apart by Origin only: a
+		// Source that leaves it empty may see both in one batch, in order.
+		if inBatch && (o.lg != d.lg || d.lg.spec.NoOrigin) {
+			w.riders = append(w.riders, simRiders{o, d, len(o.runs) - 1})
 			continue
 		}
 		if o.running > 0 {
@@ -108,6 +131,35 @@ func (w *simWorld) orderedRouteRunsOneOfAKeyAtATimeInDeliveryOrder(d *simDeliver
 		}
 		if o.fetchSeq < d.fetchSeq && o.lg != d.lg && !released(o) {
 			w.overtaken = append(w.overtaken, [2]*simDelivery{o, d})
+		}
+	}
+}
+
+// checkBatch checks a batch as its handler starts; w.mu held.
+func (w *simWorld) checkBatch(ctx context.Context, b *consumer.Batch) {
+	if b.Len() == 0 {
+		w.failf(invBatchBounds, "an empty batch ran")
+		return
+	}
+	r := w.broker(w.deliveries[b.Messages[0]]).r
+	if b.Len() > r.batchMax() {
+		w.failf(invBatchBounds, "route r%d: a batch of %d (MaxMessages %d)", r.Index, b.Len(), r.batchMax())
+	}
+	if b.Len() > 1 && b.Bytes() > r.batchBytes() {
+		w.failf(invBatchBounds, "route r%d: a batch of %d bytes in %d messages (MaxBytes %d)", r.Index, b.Bytes(), b.Len(), r.batchBytes())
+	}
+	var earliest time.Time
+	for _, m := range b.Messages {
+		if dl, ok := m.Deadline(); ok && (earliest.IsZero() || dl.Before(earliest)) {
+			earliest = dl
+		}
+	}
+	if bd, ok := b.Deadline(); ok != !earliest.IsZero() || ok && !bd.Equal(earliest) {
+		w.failf(invBatchBounds, "route r%d: Batch.Deadline %v, earliest of its messages %v", r.Index, bd, earliest)
+	}
+	if !earliest.IsZero() {
+		if dl, ok := ctx.Deadline(); !ok || dl.After(earliest) {
+			w.failf(invBatchBounds, "route r%d: the batch's ctx ends %v (set: %v), its earliest deadline is %v", r.Index, dl, ok, earliest)
 		}
 	}
 }
@@ -122,8 +174,9 @@ func (w *simWorld) overtakenOnlyByWhatNeverRuns() {
 		o, d := p[0], p[1]
 		expired := o.letterTried == dlq.ClassExpired ||
 			o.settled != nil && o.settled.e.Outcome == consumer.OutcomeExpired ||
-			!w.cfg.Hook && len(o.settles) > 0 && o.settles[0].s.Op != consumer.SettleNak
-		if len(o.runs) > 0 || !expired {
+			!w.cfg.Hook && len(o.settles) > 0 && o.settles[0].s.Op != consumer.SettleNak ||
+			reapedBefore(o, d)
+		if ranForItsOutcome(o) || !expired {
 			w.failf(invKeyOrder, "%s started before %s, fetched earlier with its key, was settled", d.id, o.id)
 		}
 	}
@@ -191,6 +244,63 @@ func (w *simWorld) handedBackInOrder() {
 			}
 		}
 	}
+}
+
+// ridersNotAckedAheadOfTheirKey judges the (earlier, later) pairs of a key
+// that ran in one batch: the later is not acked or terminated before the
+// earlier one's settlement is sent (held and run again after it, when the
+// earlier one failed); a nak (given back at shutdown) may come first, and
+// so may the dead letter of a last delivery at shutdown (ClassShutdown: a
+// message waiting for its key is not run then, as on a route with a
+// Handler), and its expiry while it waits for its key again (the reaper's:
+// Ordering, "Expiry").
+func (w *simWorld) ridersNotAckedAheadOfTheirKey() {
+	for _, p := range w.riders {
+		o, d := p.o, p.d
+		if o.runs[p.run].held {
+			continue // d was held too: it is judged by its later batch
+		}
+		if len(d.settles) == 0 || d.settles[0].s.Op == consumer.SettleNak ||
+			d.letterClass == consumer.ClassShutdown && d.settles[0].s.Op == consumer.SettleTerm {
+			continue
+		}
+		told := d.settles[0].s
+		expired := d.settled != nil && d.settled.e.Outcome == consumer.OutcomeExpired || d.letterTried == dlq.ClassExpired ||
+			told.Op == consumer.SettleTerm && told.Reason == consumer.ErrExpired.Error() ||
+			!w.cfg.Hook && !d.deadline.IsZero() && !d.settles[0].at.Before(d.deadline)
+		if expired {
+			continue
+		}
+		if len(o.settles) == 0 || o.settles[0].seq > d.settles[0].seq {
+			w.failf(invRiderNotFirst, "%s (%v) settled before %s, earlier of its key in its batch", d.id, d.settles[0].s.Op, o.id)
+		}
+	}
+}
+
+// reapedBefore reports whether o, never run for its outcome, was past its
+// deadline when d first started and was then neither settled nor run: the
+// reaper had taken it out of its key as expired (it takes every late
+// waiting message at once, then writes their letters one at a time, so
+// one hung write keeps the others waiting), and the shutdown abandoned it
+// before its turn came.
+func reapedBefore(o, d *simDelivery) bool {
+	if ranForItsOutcome(o) || o.deadline.IsZero() || len(o.settles) > 0 || len(d.runs) == 0 ||
+		d.runs[0].start.Before(o.deadline) {
+		return false
+	}
+	return o.settled == nil || o.settled.e.Outcome == consumer.OutcomeAbandoned
+}
+
+// ranForItsOutcome reports whether d ran with its result applied (a
+// batch's held rider ran, but its result was not: it waited for its key
+// again, and may expire there like a message that never ran).
+func ranForItsOutcome(d *simDelivery) bool {
+	for _, r := range d.runs {
+		if !r.held {
+			return true
+		}
+	}
+	return false
 }
 
 // ---- at each quiet moment ----
@@ -383,6 +493,7 @@ func (w *simWorld) checkDeliveries(runErr error) {
 	defer w.mu.Unlock()
 	w.overtakenOnlyByWhatNeverRuns()
 	w.handedBackInOrder()
+	w.ridersNotAckedAheadOfTheirKey()
 	for _, d := range w.all {
 		if w.cfg.Hook {
 			w.everyFetchedMessageEndsInExactlyOneOutcome(d)

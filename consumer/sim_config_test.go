@@ -147,6 +147,8 @@ const (
 	tagSink
 	tagHandler
 	tagFaults
+	tagBatch
+	tagBatchRun
 )
 
 type deadlineKind int8
@@ -210,7 +212,28 @@ type simRoute struct {
 	Adaptive       bool
 	Reserved       int64
 	Crit           int
-	Msgs           []simMsg
+	// A batch route (BatchHandler) and its BatchPolicy.
+	Batch       bool
+	BatchMax    int
+	BatchBytes  int64
+	BatchLinger time.Duration
+	Msgs        []simMsg
+}
+
+// batchMax and batchBytes are the route's batch bounds in force (the
+// defaults of BatchPolicy filled in).
+func (r *simRoute) batchMax() int {
+	if r.BatchMax == 0 {
+		return consumer.DefaultBatchMessages
+	}
+	return r.BatchMax
+}
+
+func (r *simRoute) batchBytes() int64 {
+	if r.BatchBytes == 0 {
+		return max(1, r.WinBytes/int64(2*r.Workers))
+	}
+	return r.BatchBytes
 }
 
 type simConfig struct {
@@ -363,6 +386,16 @@ func genRoute(seed uint64, i int, c *simConfig) *simRoute {
 		r.Sink = true
 	}
 
+	// Batch routes draw from their own stream: the other draws of a seed
+	// stay what they were before batch routes entered the simulation.
+	if bg := simRand(seed, tagBatch, uint64(i)); bg.IntN(3) == 0 {
+		r.Batch = true
+		r.BatchMax = pick(bg, 0, 1, 2, 3, 5, 10, 100)
+		r.BatchBytes = pick[int64](bg, 0, 0, 150, 600, 5000)
+		r.BatchLinger = pick(bg, 0, 0, time.Millisecond, 10*time.Millisecond, 80*time.Millisecond)
+		r.CostMaxRunning = 0 // refused with a BatchHandler
+	}
+
 	nMsgs := 1 + g.IntN(60)
 	if g.IntN(8) == 0 {
 		nMsgs = 100 + g.IntN(200)
@@ -427,10 +460,10 @@ func (c *simConfig) String() string {
 	fmt.Fprintf(&b, "grace=%v span=%v stop=%v budget=%d resource=%v hook=%v drift=%v focus=%d faults=%s\n",
 		c.Grace, c.Span, c.StopAt, c.Budget, c.Resource, c.Hook, c.Drift, c.Focus, faultString(c.Faults))
 	for _, r := range c.Routes {
-		fmt.Fprintf(&b, "  route r%d: workers=%d %v window=%d/%dB cost=%v/%d queue=%d drop=%d maxlen=%d maxcost=%d noexpiry=%v shednear=%v onshed=%d sheddelay=%v attempts=%d backoff=%v..%v retrybudget=%d maxdeliver=%d sink=%v onexpired=%d onoversize=%d onoverloaded=%d ackwait=%v keepalive=%v adaptive=%v reserved=%d crit=%d msgs=%d\n",
+		fmt.Fprintf(&b, "  route r%d: workers=%d %v window=%d/%dB cost=%v/%d queue=%d drop=%d maxlen=%d maxcost=%d noexpiry=%v shednear=%v onshed=%d sheddelay=%v attempts=%d backoff=%v..%v retrybudget=%d maxdeliver=%d sink=%v onexpired=%d onoversize=%d onoverloaded=%d ackwait=%v keepalive=%v adaptive=%v reserved=%d crit=%d batch=%v/%d/%dB/%v msgs=%d\n",
 			r.Index, r.Workers, r.Ordering, r.WinMsgs, r.WinBytes, r.Cost, r.CostMaxRunning, r.QueueOrder, r.Drop, r.MaxLength, r.MaxCost,
 			r.NoExpiry, r.ShedNear, r.OnShed, r.ShedDelay, r.MaxAttempts, r.BaseDelay, r.MaxDelay, r.RetryBudget, r.MaxDeliver,
-			r.Sink, r.OnExpired, r.OnOversize, r.OnOverloaded, r.AckWait, r.KeepAlive, r.Adaptive, r.Reserved, r.Crit, len(r.Msgs))
+			r.Sink, r.OnExpired, r.OnOversize, r.OnOverloaded, r.AckWait, r.KeepAlive, r.Adaptive, r.Reserved, r.Crit, r.Batch, r.BatchMax, r.BatchBytes, r.BatchLinger, len(r.Msgs))
 		for _, m := range r.Msgs {
 			fmt.Fprintf(&b, "    m%d key=%q part=%d size=%d at=%v deadline=%d%+v crit=%q cost=%d noorigin=%v temper=%d\n",
 				m.ID, m.Key, m.Part, m.Size, m.At, m.Deadline, m.DlOff, m.Crit, m.Cost, m.NoOrigin, m.Temper)

@@ -315,6 +315,10 @@ func (w *simWorld) build() (consumer.Options, []consumer.Route) {
 			Retry:     consumer.RetryPolicy{MaxAttempts: r.MaxAttempts, BaseDelay: r.BaseDelay, MaxDelay: r.MaxDelay},
 			KeepAlive: r.KeepAlive,
 		}
+		if r.Batch {
+			rt.Handler, rt.BatchHandler = nil, w.batchHandler
+			rt.Batch = consumer.BatchPolicy{MaxMessages: r.BatchMax, MaxBytes: r.BatchBytes, Linger: r.BatchLinger}
+		}
 		if r.Cost {
 			rt.Window.Cost = consumer.CostPolicy{Header: consumer.CostHeader, MaxRunning: r.CostMaxRunning}
 		}

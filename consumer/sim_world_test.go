@@ -41,7 +41,10 @@ type simWorld struct {
 	// overtaken: (earlier, later) pairs of an ordered key where the later
 	// started while the earlier was neither settled nor lettered; judged
 	// once the run is over (overtakenOnlyByWhatNeverRuns).
-	overtaken          [][2]*simDelivery
+	overtaken [][2]*simDelivery
+	// riders: (earlier, later) pairs of an ordered key that ran in one
+	// batch (ridersNotAckedAheadOfTheirKey).
+	riders             []simRiders
 	seq                int64 // orders the records
 	healed             bool
 	routes             []*simBroker
@@ -110,10 +113,34 @@ type simDelivery struct {
 	letterTries int
 	lettered    int64 // seq of the first successful letter write (0: none)
 	letterClass string
-	letterStart int64  // seq of the first write's start
-	letterTried string // the class of the first write
-	confirmed   bool   // the broker has its settlement
-	spun        bool   // more events than the Hook records
+	letterStart int64     // seq of the first write's start
+	letterTried string    // the class of the first write
+	confirmed   bool      // the broker has its settlement
+	spun        bool      // more events than the Hook records
+	batch       *simBatch // the batch it runs in (nil: none, or a Handler's run)
+}
+
+// simRiders is an earlier (o, its run) and a later (d) message of a key
+// that ran in one batch.
+type simRiders struct {
+	o, d *simDelivery
+	run  int
+}
+
+// simBatch is one run of a BatchHandler: its deliveries in the batch's
+// order.
+type simBatch struct {
+	ds []*simDelivery
+}
+
+// in reports whether d runs in b before position j.
+func (b *simBatch) before(o *simDelivery, j int) bool {
+	for _, x := range b.ds[:j] {
+		if x == o {
+			return true
+		}
+	}
+	return false
 }
 
 type simSettle struct {
@@ -131,6 +158,10 @@ type simRun struct {
 	action     string
 	err        error
 	ended      bool
+	// held: a batch's run whose result was not applied (an earlier
+	// message of its key in the batch failed: the route put it back to
+	// run again after that one).
+	held bool
 }
 
 type simEvent struct {
@@ -656,6 +687,139 @@ func (w *simWorld) act(ctx context.Context, d *simDelivery, k int, m *consumer.M
 		return "panic", nil
 	}
 	return "success", nil
+}
+
+// batchHandler is a BatchHandler: each message draws its own behaviour
+// (by its delivery and run, as a Handler's run does): a failure is a
+// Batch.Fail mark (retryable, Permanent, Overloaded), a panic or a slow or
+// stuck call makes the whole batch panic, take longer or ignore ctx; and the
+// batch draws a batch-level error of its own (by its first message).
+func (w *simWorld) batchHandler(ctx context.Context, b *consumer.Batch) error {
+	now := time.Now()
+	sb := &simBatch{}
+	ks := make([]int, b.Len())
+	w.mu.Lock()
+	w.checkBatch(ctx, b)
+	for j, m := range b.Messages {
+		d := w.deliveries[m]
+		ks[j] = len(d.runs)
+		d.runs = append(d.runs, simRun{start: now, seq: w.tick(), attempt: m.Attempt})
+		d.running++
+		sb.ds = append(sb.ds, d)
+		d.batch = sb
+		w.checkStart(d, m, now)
+	}
+	w.mu.Unlock()
+
+	// What each message draws; the batch's slowest wait and worst fate.
+	actions := make([]string, b.Len())
+	var slow, stuck time.Duration
+	panics := false
+	for j, d := range sb.ds {
+		g := simRand(w.cfg.Seed, tagHandler, hashID(d.id), uint64(ks[j]))
+		x := g.IntN(100)
+		fail := w.cfg.has(fHandlerFail)
+		switch d.lg.spec.Temper {
+		case poison:
+			if fail {
+				x = 60 + x*40/100
+			}
+		case flaky:
+			if fail && b.Messages[j].Attempt <= 1 {
+				x = 60 + x*40/100
+			}
+		}
+		switch {
+		case x < 40:
+		case x < 54 && w.cfg.has(fHandlerSlow):
+			s := durBetween(g, time.Millisecond, 60*time.Millisecond)
+			if w.cfg.Drift {
+				s = max(time.Microsecond, s*time.Duration(max(0, w.cfg.Span-w.now()))/time.Duration(w.cfg.Span))
+			}
+			slow = max(slow, s)
+		case x < 57 && w.cfg.has(fHandlerStuck):
+			s := time.Hour
+			if g.IntN(2) == 0 {
+				s = durBetween(g, 10*time.Millisecond, 3*time.Second) + 331*time.Microsecond
+			}
+			stuck = max(stuck, s)
+		case x < 60:
+		case !fail:
+		case x < 78:
+			actions[j] = "retryable"
+			b.Fail(j, errSimHandler)
+		case x < 86:
+			actions[j] = "permanent"
+			b.Fail(j, consumer.Permanent(errSimHandler))
+		case x < 94:
+			actions[j] = "overloaded"
+			b.Fail(j, backpressure.Overloaded(errSimHandler))
+		default:
+			panics = true
+		}
+	}
+	// The batch as a whole: a bulk write that fails for all, by its first
+	// message's delivery and run.
+	var batchAction string
+	var batchErr error
+	if w.cfg.has(fHandlerFail) {
+		g := simRand(w.cfg.Seed, tagBatchRun, hashID(sb.ds[0].id), uint64(ks[0]))
+		switch x := g.IntN(100); {
+		case x < 6:
+			batchAction, batchErr = "retryable", errSimHandler
+		case x < 8:
+			batchAction, batchErr = "permanent", consumer.Permanent(errSimHandler)
+		case x < 10:
+			batchAction, batchErr = "overloaded", backpressure.Overloaded(errSimHandler)
+		}
+	}
+	switch {
+	case stuck > 0:
+		w.mu.Lock()
+		w.ignoring++
+		w.mu.Unlock()
+		w.sleep(ctx, stuck, false)
+		w.mu.Lock()
+		w.ignoring--
+		w.mu.Unlock()
+		if batchErr == nil {
+			batchAction = "ignores-ctx"
+		}
+	case slow > 0:
+		if !w.sleep(ctx, slow, true) && ctx.Err() != nil && batchErr == nil {
+			batchAction, batchErr = "slow", ctx.Err()
+		}
+	}
+	if panics {
+		batchAction, batchErr = "panic", nil
+	}
+	if batchAction == "" {
+		batchAction = "success"
+	}
+
+	end := time.Now()
+	w.mu.Lock()
+	for j, d := range sb.ds {
+		d.running--
+		d.batch = nil
+		r := &d.runs[ks[j]]
+		r.end, r.ended, r.action, r.err = end, true, batchAction, batchErr
+		if err := b.Failed(j); err != nil {
+			r.action, r.err = actions[j], err
+		}
+		if k := w.orderKey(d); k != "" {
+			for i, o := range sb.ds[:j] {
+				if or := o.runs[ks[i]]; w.orderKey(o) == k && (or.err != nil || or.action == "panic") {
+					r.held = true
+				}
+			}
+		}
+	}
+	w.mu.Unlock()
+	if panics {
+		panic("sim: batch handler panic")
+	}
+	return batchErr
 }
 
 // ---- Hook ----
