@@ -24,7 +24,7 @@ import (
 
 var (
 	dsnFlag     = flag.String("dsn", "", "PostgreSQL to write to, e.g. `postgres://user:pass@host/db` (default: an embedded PostgreSQL, started and removed here)")
-	modeFlag    = flag.String("mode", "batch", "batch (BatchHandler, COPY), single (Handler, one INSERT a message), compare (interleaved pairs of both), or lab (overload with deadlines)")
+	modeFlag    = flag.String("mode", "batch", "batch (BatchHandler, COPY), single (Handler, one INSERT a message), compare (interleaved pairs of both), lab (overload with deadlines), or plot (an SVG of the compare outputs named as arguments, to stdout)")
 	nFlag       = flag.Int("n", 20000, "orders to load into the broker before the consumer starts")
 	workersFlag = flag.Int("workers", 8, "the route's Workers")
 	batchFlag   = flag.Int("max-batch", 0, "BatchPolicy.MaxMessages (0: the default)")
@@ -42,6 +42,12 @@ func main() {
 		return // ran as the unprivileged PostgreSQL starter (pg.go)
 	}
 	flag.Parse()
+	if *modeFlag == "plot" {
+		if err := plotCompare(flag.Args(), os.Stdout); err != nil {
+			log.Fatal(err)
+		}
+		return
+	}
 	if *cpuFlag != "" {
 		f, err := os.Create(*cpuFlag)
 		if err != nil {
