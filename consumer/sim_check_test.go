@@ -268,7 +268,7 @@ func (w *simWorld) ridersNotAckedAheadOfTheirKey() {
 		expired := d.settled != nil && d.settled.e.Outcome == consumer.OutcomeExpired || d.letterTried == dlq.ClassExpired ||
 			told.Op == consumer.SettleTerm && told.Reason == consumer.ErrExpired.Error() ||
 			!w.cfg.Hook && !d.deadline.IsZero() && !d.settles[0].at.Before(d.deadline)
-		if expired {
+		if expired || !settledFromARun(d) {
 			continue
 		}
 		if len(o.settles) == 0 || o.settles[0].seq > d.settles[0].seq {
@@ -289,6 +289,20 @@ func reapedBefore(o, d *simDelivery) bool {
 		return false
 	}
 	return o.settled == nil || o.settled.e.Outcome == consumer.OutcomeAbandoned
+}
+
+// settledFromARun reports whether d's first settlement follows a run whose
+// result applied: one after a held run only (or none) is a drop while it
+// waited (an expiry, whose outcome a never-confirmed Ack hides), not the
+// result of its run.
+func settledFromARun(d *simDelivery) bool {
+	var last *simRun
+	for i := range d.runs {
+		if d.runs[i].seq < d.settles[0].seq {
+			last = &d.runs[i]
+		}
+	}
+	return last != nil && !last.held
 }
 
 // ranForItsOutcome reports whether d ran with its result applied (a
