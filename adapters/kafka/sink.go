@@ -3,13 +3,12 @@ package kafkaadapter
 import (
 	"context"
 	"fmt"
-	"slices"
 	"strconv"
-	"strings"
 
 	"github.com/segmentio/kafka-go"
 
 	"github.com/sluice-go/sluice/dlq"
+	"github.com/sluice-go/sluice/internal/kafkacore"
 )
 
 // DeadLetterSink is a dlq.Sink writing letters to a Kafka topic: the
@@ -71,28 +70,10 @@ func (s *DeadLetterSink) Write(ctx context.Context, l *dlq.Letter) error {
 // (max.message.bytes) less the batch overhead. A larger letter is fitted
 // by dlq.Letter.Encode: original headers packed into the value, or cut
 // with a Sluice-Dlq-Truncated marker.
-const DeadLetterMaxBytes = 1_000_000
+const DeadLetterMaxBytes = kafkacore.DeadLetterMaxBytes
 
-// kafkaHeaderSize is the size of h in a Kafka record: per header a varint
-// length and the key, a varint length and the value.
-func kafkaHeaderSize(h map[string][]string) int {
-	n := 0
-	for k, vs := range h {
-		for _, v := range vs {
-			n += varintSize(len(k)) + len(k) + varintSize(len(v)) + len(v)
-		}
-	}
-	return n
-}
-
-// varintSize is the length of Kafka's zigzag varint encoding of x >= 0.
-func varintSize(x int) int {
-	n := 1
-	for u := uint64(x) << 1; u >= 0x80; u >>= 7 {
-		n++
-	}
-	return n
-}
+// kafkaHeaderSize is the size of h in a Kafka record (kafkacore.HeaderSize).
+func kafkaHeaderSize(h map[string][]string) int { return kafkacore.HeaderSize(h) }
 
 // partitions returns how many partitions topic has (0: unknown), from the
 // shared transport's metadata cache, which learns the topic on first use.
@@ -118,20 +99,7 @@ func (s *DeadLetterSink) partitions(ctx context.Context, topic string) int {
 // letterHeaders orders a letter's headers for the wire: the original
 // headers first, in their original order, then the envelope by name.
 func letterHeaders(env map[string][]string) []kafka.Header {
-	out := wireHeaders(env, dlq.HeaderPrefix, make([]kafka.Header, 0, len(env)+4))
-	var keys []string
-	for k := range env {
-		if strings.HasPrefix(k, dlq.HeaderPrefix) {
-			keys = append(keys, k)
-		}
-	}
-	slices.Sort(keys)
-	for _, k := range keys {
-		for _, v := range env[k] {
-			out = append(out, kafka.Header{Key: k, Value: []byte(v)})
-		}
-	}
-	return out
+	return kafkacore.LetterHeaders(env, make([]kafka.Header, 0, len(env)+4))
 }
 
 // Close flushes and closes the writer; the last user of the Cluster closes

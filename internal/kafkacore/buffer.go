@@ -313,6 +313,20 @@ func (b *Buffer[R]) Force(grant int64, r R) {
 	b.mu.Unlock()
 }
 
+// Charge charges rs whether they fit or not: records a client cannot put
+// back (franz-go and sarama hand over what they fetched), polled for the
+// room a Reserve found. Call Publish with them.
+func (b *Buffer[R]) Charge(rs []R) {
+	if len(rs) == 0 {
+		return
+	}
+	b.mu.Lock()
+	for _, r := range rs {
+		b.chargeLocked(r)
+	}
+	b.mu.Unlock()
+}
+
 // SetShares says how many partitions share the message slots: Admit keeps
 // at most a share of them for one partition, so partitions fetched by
 // different fetchers, or with larger batches, do not crowd the others out.
@@ -504,6 +518,15 @@ func (b *Buffer[R]) Usage() (count int, bytes, peak int64, peakCount int) {
 
 // Wake is signalled (capacity 1) when records became ready to Take.
 func (b *Buffer[R]) Wake() <-chan struct{} { return b.wake }
+
+// Free returns the message slots and bytes of the prefetch not charged or
+// reserved (negative when a Nak or Force took it over).
+func (b *Buffer[R]) Free() (n int, bytes int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	usedN, used := b.usedLocked()
+	return b.maxCount - usedN, b.maxBytes - used - b.reserved
+}
 
 // MaxCount returns the prefetch's message slots.
 func (b *Buffer[R]) MaxCount() int { return b.maxCount }
