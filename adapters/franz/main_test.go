@@ -28,7 +28,7 @@ func (w withCluster) Run() int {
 	if env := strings.TrimSpace(os.Getenv("KAFKA_BROKERS")); env != "" {
 		brokers = strings.Split(env, ",")
 	} else {
-		fake, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.Ports(0))
+		fake, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.Ports(0), kfake.AllowAutoTopicCreation()) // as a real Kafka by default
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
@@ -37,7 +37,38 @@ func (w withCluster) Run() int {
 		brokers, kind = fake.ListenAddrs(), "kfake"
 	}
 	fmt.Fprintf(os.Stderr, "franz adapter suite on %s %v\n", kind, brokers)
+	if err := warmUp(); err != nil {
+		fmt.Fprintln(os.Stderr, "warm-up:", err)
+		return 1
+	}
 	return w.m.Run()
+}
+
+// warmUp joins a group once: the first join on a fresh broker (creating
+// the offsets topic, loading the coordinator) is slow, and no test should
+// pay it (SmallBatchNotHeld once waited over 3 s for it on a fresh Kafka).
+func warmUp() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	topic := uniqueName("warmup")
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.AllowAutoTopicCreation(), kgo.DefaultProduceTopic(topic),
+		kgo.ConsumerGroup(uniqueName("warmup")), kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	if err := cl.ProduceSync(ctx, kgo.StringRecord("x")).FirstErr(); err != nil {
+		return err
+	}
+	for {
+		fs := cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if fs.NumRecords() > 0 {
+			return nil
+		}
+	}
 }
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(withCluster{m}) }
