@@ -24,7 +24,8 @@ import (
 // one fetch response per broker buffered, the Source polls at most its
 // free slots once Reserve finds room and charges everything a poll
 // brought, retry records wait in the delayed heap with their partition
-// paused, and revokes purge, commit once and drop later settlements. Each
+// paused, and revokes purge, commit once and drop later settlements
+// (lost partitions: without the commit). Each
 // seed is one run of the real Source code (keep, Fetch, Settle, the
 // rebalance callbacks, commitLocked) against a model of kgo and a route
 // with random window, sizes, settlements and rebalances, in virtual time.
@@ -250,7 +251,7 @@ func runSim(seed uint64) error {
 		}
 		_ = s.offsetsFetched(ctx, nil, resp)
 	}
-	revoke := func(m map[string][]int32) {
+	revoke := func(m map[string][]int32, lost bool) {
 		for t, ids := range m {
 			for _, id := range ids {
 				tp := topicPartition{t, id}
@@ -265,7 +266,11 @@ func runSim(seed uint64) error {
 				k.buffered = keep
 			}
 		}
-		s.revoked(ctx, nil, m)
+		if lost {
+			s.lost(ctx, nil, m) // fenced: no final commit
+		} else {
+			s.revoked(ctx, nil, m)
+		}
 	}
 	assign(all)
 
@@ -371,7 +376,7 @@ func runSim(seed uint64) error {
 			if len(m) == 0 {
 				break
 			}
-			revoke(m)
+			revoke(m, rng.IntN(4) == 0)
 			// The route hands back what it holds of them (Revoked).
 			keep := held[:0]
 			for _, h := range held {

@@ -287,3 +287,26 @@ func TestAttachRefusesOptions(t *testing.T) {
 		t.Error("NewSource took CommitEvery -1")
 	}
 }
+
+// Unless the options set kgo.FetchMaxBytes, the Source sizes kgo's fetches
+// from the prefetch (a quarter of PrefetchBytes, at most 1 MiB, per
+// partition too); a FetchMaxBytes the user set stays.
+func TestFetchSizedFromPrefetch(t *testing.T) {
+	topic := newTopic(t, "sized", 1)
+	l := consumer.RouteLimits{Route: "sized", Messages: 64, Bytes: 256 << 10}
+	src := newSource(t, franzadapter.Config{}, l, groupOpts(uniqueName("sized"), topic)...)
+	cl := src.Client()
+	if got, _ := cl.OptValue(kgo.FetchMaxBytes).(int32); got != 64<<10 {
+		t.Fatalf("FetchMaxBytes %d, want a quarter of the 256 KiB prefetch", got)
+	}
+	if got, _ := cl.OptValue(kgo.FetchMaxPartitionBytes).(int32); got != 64<<10 {
+		t.Fatalf("FetchMaxPartitionBytes %d, want 64 KiB", got)
+	}
+	if b := src.Bound(0, 2); b != 256<<10+2*64<<10 {
+		t.Fatalf("Bound %d, want the prefetch plus one 64 KiB fetch per broker", b)
+	}
+	own := newSource(t, franzadapter.Config{}, l, append(groupOpts(uniqueName("sized"), topic), kgo.FetchMaxBytes(123456))...)
+	if got, _ := own.Client().OptValue(kgo.FetchMaxBytes).(int32); got != 123456 {
+		t.Fatalf("the user's FetchMaxBytes became %d", got)
+	}
+}
