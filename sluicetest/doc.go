@@ -15,6 +15,11 @@
 // mark or the handler's error); the route around it (window, deadlines,
 // retries) is tested by running a Consumer on the Source, as for a Handler.
 //
+// For the framework's own cost, BenchCorePath benchmarks the consumer's
+// path without a broker, and AllocsPerMessage counts what that path
+// allocates per message (consumer's TestCorePathAllocatesNothingPerMessage
+// holds it at zero).
+//
 // Broker behaviour itself is tested against real brokers: see
 // adapters/nats/natstest (an embedded nats-server) and
 // adapters/kafka/kafkatest (an in-process kfake cluster or a real Kafka).
