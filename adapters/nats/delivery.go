@@ -54,6 +54,10 @@ func (s *Source) take(m *nats.Msg) *consumer.Message {
 	return s.convert(m, md, ok)
 }
 
+// convert builds the route's Message for m, in one allocation (the
+// delivery). Its Key shares its bytes with the previous delivery's when
+// the key is the same (the subject, or KeyHeader's value): read-only, like
+// Value. Called by the fetch loop only.
 func (s *Source) convert(m *nats.Msg, md ackMeta, hasMeta bool) *consumer.Message {
 	d := &delivery{m: m, src: s, gen: s.gen.Load()}
 	cm := &d.msg
@@ -68,7 +72,10 @@ func (s *Source) convert(m *nats.Msg, md ackMeta, hasMeta bool) *consumer.Messag
 			key = v
 		}
 	}
-	cm.Key = []byte(key)
+	if key != s.keyOf || s.lastKey == nil {
+		s.lastKey, s.keyOf = []byte(key), key
+	}
+	cm.Key = s.lastKey
 	size := int64(len(m.Data))
 	for k, vs := range m.Header {
 		for _, v := range vs {

@@ -129,7 +129,9 @@
 //
 // Message.Key, the key a keyed route orders by, is the subject by default;
 // SourceOptions.KeyHeader names a header to use instead (a message without
-// it keeps its subject). Before 1.0 the key was the Nats-Msg-Id header,
+// it keeps its subject). Deliveries in a row with the same key share the
+// Key's bytes (the Source copies the key once, not per message): treat Key,
+// like Value, as read-only. Before 1.0 the key was the Nats-Msg-Id header,
 // which is unique per message and so orders nothing.
 //
 // On a route ordered consumer.ByKey (the key within the stream) or

@@ -163,6 +163,11 @@ type Source struct {
 	infoAt    time.Time // when ackFloor was last read
 	ackFloor  uint64    // the consumer's ack floor (stream sequence) when last read
 	delivered int       // deliveries since infoAt
+	// lastKey is the Key of the last delivery and keyOf the string it was
+	// made from: consecutive deliveries with the same key share its bytes
+	// instead of allocating a copy each (convert).
+	lastKey []byte
+	keyOf   string
 
 	// delayed counts the delayed naks the server holds for this Source.
 	delayed delayedSlots

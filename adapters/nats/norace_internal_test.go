@@ -1,0 +1,5 @@
+//go:build !race
+
+package natsadapter
+
+const raceEnabled = false
