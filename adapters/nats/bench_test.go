@@ -155,6 +155,15 @@ func BenchmarkConsumeRaw(b *testing.B) {
 	}
 }
 
+// BenchmarkConsumeRawDefaults is BenchmarkConsumeRaw with the client's
+// defaults: a consumer with only Durable and explicit acks (MaxAckPending
+// 1,000) and Consume without options (PullMaxMessages 500).
+func BenchmarkConsumeRawDefaults(b *testing.B) {
+	for _, size := range benchSizes {
+		b.Run("size="+strconv.Itoa(size), func(b *testing.B) { benchRaw(b, size, -1) })
+	}
+}
+
 func BenchmarkConsumeRawDoubleAck(b *testing.B) {
 	for _, size := range benchSizes {
 		b.Run("size="+strconv.Itoa(size), func(b *testing.B) { benchRaw(b, size, 8) })
@@ -164,11 +173,18 @@ func BenchmarkConsumeRawDoubleAck(b *testing.B) {
 // benchRaw consumes with jetstream Consume. workers == 0: the handler runs
 // on the Consume callback and acks with a plain Ack. workers > 0: the
 // callback hands each message to one of workers goroutines, which call
-// DoubleAck.
+// DoubleAck. workers < 0: as 0, with the client's defaults.
 func benchRaw(b *testing.B, size, workers int) {
 	_, js := benchJetStream(b)
 	ctx, _, st := benchStream(b, js, b.N, size)
-	cons, err := st.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "raw", AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: benchWindow})
+	cfg := jetstream.ConsumerConfig{Durable: "raw", AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: benchWindow}
+	var opts []jetstream.PullConsumeOpt
+	if workers < 0 {
+		cfg.MaxAckPending = 0
+	} else {
+		opts = append(opts, jetstream.PullMaxMessages(benchWindow))
+	}
+	cons, err := st.CreateOrUpdateConsumer(ctx, cfg)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -202,7 +218,7 @@ func benchRaw(b *testing.B, size, workers int) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	cpu.start(b)
-	cc, err := cons.Consume(handle, jetstream.PullMaxMessages(benchWindow))
+	cc, err := cons.Consume(handle, opts...)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -228,6 +244,19 @@ func BenchmarkConsumeSluiceReply(b *testing.B) { benchSluiceAll(b, natsadapter.C
 
 func BenchmarkConsumeSluicePlainAck(b *testing.B) { benchSluiceAll(b, natsadapter.ConfirmNone) }
 
+// BenchmarkConsumeSluiceDefaults is BenchmarkConsumeSluice with sluice's
+// defaults: the route sets no Window (the self-sizing window) and the
+// Source no options; only the worker count varies.
+func BenchmarkConsumeSluiceDefaults(b *testing.B) {
+	for _, size := range benchSizes {
+		for _, w := range benchWorkers {
+			b.Run(fmt.Sprintf("size=%d/workers=%d", size, w), func(b *testing.B) {
+				benchSluiceWindow(b, size, w, natsadapter.ConfirmBatch, consumer.WindowPolicy{})
+			})
+		}
+	}
+}
+
 func benchSluiceAll(b *testing.B, mode natsadapter.ConfirmMode) {
 	for _, size := range benchSizes {
 		for _, w := range benchWorkers {
@@ -237,6 +266,10 @@ func benchSluiceAll(b *testing.B, mode natsadapter.ConfirmMode) {
 }
 
 func benchSluice(b *testing.B, size, workers int, mode natsadapter.ConfirmMode) {
+	benchSluiceWindow(b, size, workers, mode, consumer.WindowPolicy{Messages: benchWindow, Bytes: 64 << 20})
+}
+
+func benchSluiceWindow(b *testing.B, size, workers int, mode natsadapter.ConfirmMode, window consumer.WindowPolicy) {
 	_, js := benchJetStream(b)
 	ctx, name, _ := benchStream(b, js, b.N, size)
 	src, err := natsadapter.NewSourceFor(ctx, js, name, jetstream.ConsumerConfig{Durable: "sluice"},
@@ -256,7 +289,7 @@ func benchSluice(b *testing.B, size, workers int, mode natsadapter.ConfirmMode) 
 			}
 			return nil
 		},
-		Window: consumer.WindowPolicy{Messages: benchWindow, Bytes: 64 << 20},
+		Window: window,
 	})
 	if err != nil {
 		b.Fatal(err)
