@@ -1,7 +1,7 @@
 package natsadapter
 
 import (
-	"strconv"
+	"math"
 	"strings"
 	"time"
 )
@@ -48,18 +48,53 @@ func parseAck(reply string) (ackMeta, bool) {
 		return ackMeta{}, false
 	}
 	var m ackMeta
-	var err error
+	var ok1, ok2, ok3 bool
 	m.stream, m.consumer = f[0], f[1]
-	if m.delivered, err = strconv.ParseUint(f[2], 10, 64); err != nil {
-		return ackMeta{}, false
-	}
-	if m.streamSeq, err = strconv.ParseUint(f[3], 10, 64); err != nil {
-		return ackMeta{}, false
-	}
-	ts, err := strconv.ParseInt(f[5], 10, 64)
-	if err != nil {
+	m.delivered, ok1 = parseDec(f[2])
+	m.streamSeq, ok2 = parseDec(f[3])
+	ts, ok3 := parseDecInt(f[5])
+	if !ok1 || !ok2 || !ok3 {
 		return ackMeta{}, false
 	}
 	m.timestamp = time.Unix(0, ts)
 	return m, true
+}
+
+// parseDec is strconv.ParseUint(s, 10, 64) for the ack subject's numbers,
+// without its generality (and its error value): a third of parseAck's time
+// in a profile went to ParseUint.
+func parseDec(s string) (uint64, bool) {
+	if s == "" {
+		return 0, false
+	}
+	var n uint64
+	for i := 0; i < len(s); i++ {
+		c := s[i] - '0'
+		if c > 9 {
+			return 0, false
+		}
+		if n > (math.MaxUint64-uint64(c))/10 {
+			return 0, false // overflow
+		}
+		n = n*10 + uint64(c)
+	}
+	return n, true
+}
+
+// parseDecInt is strconv.ParseInt(s, 10, 64) on the same terms.
+func parseDecInt(s string) (int64, bool) {
+	neg := false
+	if s != "" && (s[0] == '-' || s[0] == '+') {
+		neg, s = s[0] == '-', s[1:]
+	}
+	u, ok := parseDec(s)
+	switch {
+	case !ok:
+		return 0, false
+	case neg && u <= 1<<63:
+		return int64(-u), true // -(1<<63) wraps to MinInt64, as intended
+	case !neg && u < 1<<63:
+		return int64(u), true
+	}
+	return 0, false
 }

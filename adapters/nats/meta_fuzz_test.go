@@ -29,3 +29,22 @@ func FuzzParseAck(f *testing.F) {
 		}
 	})
 }
+
+// FuzzParseDec: parseDec and parseDecInt read exactly what strconv does.
+func FuzzParseDec(f *testing.F) {
+	for _, s := range []string{"0", "42", "18446744073709551615", "18446744073709551616", "-9223372036854775808", "9223372036854775808", "+7", "-", "", "1a", "007"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		u, ok := parseDec(s)
+		wu, err := strconv.ParseUint(s, 10, 64)
+		if ok != (err == nil) || ok && u != wu {
+			t.Fatalf("parseDec(%q) = %d, %v; strconv %d, %v", s, u, ok, wu, err)
+		}
+		i, ok := parseDecInt(s)
+		wi, err := strconv.ParseInt(s, 10, 64)
+		if ok != (err == nil) || ok && i != wi {
+			t.Fatalf("parseDecInt(%q) = %d, %v; strconv %d, %v", s, i, ok, wi, err)
+		}
+	})
+}
