@@ -13,6 +13,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	kafkaadapter "github.com/sluice-go/sluice/adapters/kafka"
 	"github.com/sluice-go/sluice/adapters/kafka/kafkatest"
 	"github.com/sluice-go/sluice/consumer"
 )
@@ -75,10 +76,12 @@ func produceBatched(t testing.TB, topic string, partition int, keys, values []st
 // TestBoundAndFairness: 3 partitions x 1,000 small records, produced one
 // partition at a time in large batches (librdkafka style), read by a route
 // with a window of 8 messages / 64 KiB. The Source never holds more than
-// its prefetch (8 records, 64 KiB: each fetch response keeps only what
-// fits), and it serves the partitions fairly: within the first 100
-// messages handled, every partition appears at least 20 times. Before,
-// it held ~2,000 records and served one partition at a time.
+// its prefetch's bytes (64 KiB) and, by count, the prefetch plus one
+// response of at most 8 records per fetch lane (a fetch is sent while
+// fewer than 8 are held; of each response's 1,000-record batch it keeps
+// 8), and it serves the partitions fairly: within the first 100 messages
+// handled, every partition appears at least 20 times. Before, it held
+// ~2,000 records and served one partition at a time.
 //
 // With 4 partitions the Source runs two fetchers (two partitions each):
 // every partition gets at least 15 of the first 100.
@@ -129,9 +132,9 @@ func boundAndFairness(t *testing.T, parts, minShare int) {
 			t.Errorf("partition %d: %d of the first 100 handled, want >= %d", p, c, minShare)
 		}
 	}
-	if st.PeakBuffered > window.Messages || st.PeakBytes > window.Bytes {
-		t.Errorf("held %d records / %d bytes at peak, above the prefetch %d / %d",
-			st.PeakBuffered, st.PeakBytes, window.Messages, window.Bytes)
+	if msgs, bytes := kafkaadapter.HeldBound(m.src, 1); st.PeakBuffered > msgs || st.PeakBytes > bytes || bytes != window.Bytes {
+		t.Errorf("held %d records / %d bytes at peak, above the bound %d / %d (window %d / %d)",
+			st.PeakBuffered, st.PeakBytes, msgs, bytes, window.Messages, window.Bytes)
 	}
 	if len(order) < parts*perPart {
 		t.Errorf("handled %d of %d", len(order), parts*perPart)

@@ -38,14 +38,25 @@ type Config struct {
 	// the route's window does not: fetched records not handed out yet (and
 	// messages waiting for an in-process retry beyond their own allowance,
 	// LocalRetryMessages and LocalRetryBytes). 0 means the window's
-	// numbers. PrefetchBytes is the memory bound; PrefetchMessages only
-	// gates sending a fetch (one is sent while fewer are held), so one fetch
-	// of small records can take the count past it. A fetch is sent only
-	// when FetchMaxBytes more fit, so the
-	// bytes held stay below PrefetchBytes plus, per assigned partition, the
-	// amount by which one record batch exceeds FetchMaxBytes (a broker
-	// returns a whole first batch even when it is larger than asked; keep
-	// producer batches below FetchMaxBytes and there is no excess).
+	// numbers. PrefetchBytes is the memory bound: the bytes held, plus the
+	// room reserved for fetches in flight, never exceed it (one record
+	// larger than it alone excepted); of a response the Source keeps what
+	// fits and fetches the rest again once room frees. PrefetchMessages
+	// gates sending a fetch (one is sent while a quarter of the slots are
+	// free), and of its response the Source keeps up to PrefetchMessages
+	// records, whatever it holds already: a broker returns a partition's
+	// whole first record batch, and dropping what exceeds the free slots
+	// made every record be fetched and decoded several times. So the
+	// records held stay below PrefetchMessages plus one response of at most
+	// PrefetchMessages per fetch lane (two lanes when PrefetchMessages is at
+	// least 16 per partition and the partitions split evenly, else one):
+	// under 3 × PrefetchMessages.
+	//
+	// On top of that, one fetch response per lane and leader broker is in
+	// transit (see Source.Bound): at most FetchMaxBytes, or one record
+	// batch larger than that (a broker returns a whole first batch even
+	// when it is larger than asked; keep producer batches below
+	// FetchMaxBytes and there is no excess).
 	PrefetchMessages int
 	PrefetchBytes    int64
 	// FetchMaxBytes is the MaxBytes of one fetch request. 0 means

@@ -26,3 +26,14 @@ func EncodeSettled(mark int64, ranges ...[2]int64) string {
 // PlainCommits makes s commit plain watermarks, without the settled map
 // (the baseline the map is measured against). Call it before s is used.
 func PlainCommits(s *Source) { s.plainCommits = true }
+
+// HeldBound returns what the Source may hold outside the route window by
+// the documented bound (Config.PrefetchMessages) when its generations run
+// lanes fetch lanes (at most 2; one when PrefetchMessages is below 16 per
+// partition): fetched records, at most PrefetchMessages plus one response
+// of at most PrefetchMessages per lane; bytes, PrefetchBytes
+// (reservations for fetches in flight included). Call it once a route
+// attached s.
+func HeldBound(s *Source, lanes int) (msgs int, bytes int64) {
+	return s.cfg.PrefetchMessages * (1 + min(lanes, fetchLanes)), s.cfg.PrefetchBytes
+}

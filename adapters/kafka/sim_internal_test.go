@@ -35,11 +35,14 @@ import (
 //     acked, or dead-lettered) and committed, within a bounded number of
 //     fetches and of virtual time (a retry's not-before, clamped to the
 //     route's longest delay after it was written, included);
-//   - the prefetch bound: the records fetched and queued plus the room
-//     reserved for fetches in flight never exceed the prefetch (one record
-//     larger than it alone excepted); with the in-process retries (naks)
-//     and what the route holds, never more than prefetch + the retries'
-//     allowance + window + one record;
+//   - the prefetch bound: the bytes of the records fetched and queued plus
+//     the room reserved for fetches in flight never exceed the prefetch's
+//     bytes (one record larger than it alone excepted); with the
+//     in-process retries (naks) and what the route holds, never more than
+//     prefetch + the retries' allowance + window + one record; by count,
+//     one response keeps at most PrefetchMessages records and the records
+//     queued stay below PrefetchMessages plus one such response per lane
+//     (producer batches of up to three windows of records exercise it);
 //   - a commit never passes an offset that is not settled;
 //   - the settled-offset map of a commit never names an unsettled offset;
 //   - a generation never hands out an offset it has handed out and not
@@ -274,6 +277,10 @@ func (m *sim) produce(l *simLog) {
 	n := 1 + rng.IntN(12)
 	if l.retry {
 		n = 1 + rng.IntN(3)
+	} else if rng.IntN(15) == 0 {
+		// A producer batch larger than the window (a broker returns a
+		// partition's whole first batch): kept whole up to the count.
+		n = m.limits.Messages * (1 + rng.IntN(3))
 	}
 	b := simBatch{}
 	for i := range n {
@@ -531,7 +538,7 @@ func (m *sim) respond(parts []*partition, grant int64) (*fetchAPI.Response, int)
 
 // arrive processes a lane's response (decode, keep) and goes straight on
 // to its next request, as fetchLoop does.
-func (m *sim) arrive(l *simLane) {
+func (m *sim) arrive(l *simLane) error {
 	lists := make([][]*record, len(l.ready))
 	idx := make([]int, len(l.ready))
 	for i := range idx {
@@ -548,9 +555,13 @@ func (m *sim) arrive(l *simLane) {
 	if got > 0 && kept == 0 {
 		m.fruitless++
 	}
+	if kept > int64(m.s.cfg.PrefetchMessages) {
+		return fmt.Errorf("one response kept %d records, above PrefetchMessages %d", kept, m.s.cfg.PrefetchMessages)
+	}
 	m.tracef("lane %p response: %d records, kept %d", l.f, got, kept)
 	l.res, l.state = nil, laneIdle
 	m.laneStep(l)
+	return nil
 }
 
 // take is the route's Fetch: as much as its window has room for.
@@ -661,6 +672,13 @@ func (m *sim) bound() error {
 	// then wait; what was fetched stays within the prefetch.
 	if queued+b.Reserved > b.MaxBytes && !(queuedN == 1 && b.Reserved == 0) {
 		return fmt.Errorf("buffer holds %d bytes in %d fetched records and %d reserved: above the prefetch %d", queued, queuedN, b.Reserved, b.MaxBytes)
+	}
+	// The count only gates sending a fetch (fewer than PrefetchMessages
+	// held), and a response keeps at most PrefetchMessages: below the
+	// prefetch plus one response per lane.
+	if queuedN >= b.MaxCount*(1+len(m.lanes)) {
+		return fmt.Errorf("buffer holds %d fetched records with %d lanes: not below PrefetchMessages %d + one response of at most %d per lane",
+			queuedN, len(m.lanes), b.MaxCount, b.MaxCount)
 	}
 	// In-process retries within their allowance (poison messages waiting
 	// for a dead letter that cannot be written) do not keep fetches back:
@@ -780,7 +798,7 @@ func (m *sim) step() error {
 			}
 		case laneInFlight:
 			if !l.due.After(m.now) {
-				add(3, func() error { m.arrive(l); return nil })
+				add(3, func() error { return m.arrive(l) })
 			} else {
 				timer(l.due)
 			}

@@ -316,8 +316,9 @@ func (s *Source) Assigned() map[string][]int {
 }
 
 // Bound returns the most bytes the Source has outside the route window:
-// the records it holds, never more than PrefetchBytes (and never more than
-// PrefetchMessages records), plus what is in transit: a generation runs
+// the records it holds, never more than PrefetchBytes (and, by count,
+// below PrefetchMessages plus one response of at most PrefetchMessages
+// per fetch lane: see Config.PrefetchMessages), plus what is in transit: a generation runs
 // two fetchers (one for an odd number of partitions), each with one fetch response
 // per partition leader broker in flight, at most FetchMaxBytes or, when a
 // producer wrote a record batch larger than that, the largest batch
@@ -405,31 +406,25 @@ func (s *Source) start(g *kafka.Generation) {
 	})
 }
 
-// lanes splits a generation's partitions between its fetchers and sets
-// the buffer's shares accordingly. Two fetchers, each with half the
+// lanes splits a generation's partitions between its fetchers. Two fetchers, each with half the
 // partitions, so one's round trip overlaps the other's hand-out (one
 // fetcher alone is bound by round trips on a real broker), when the
 // partitions split evenly; else one.
 func (s *feed) lanes(parts []*partition) [][]*partition {
 	lanes := 1
-	// A lane pays off only when each partition's share of the prefetch
-	// holds a batch: with a small prefetch (a window of 8 over 4 partitions
-	// is 2 records each) two lanes halve what each fetch may keep and the
-	// drain ran at a third of one lane's rate.
+	// A second lane pays off only with a prefetch of some slots per
+	// partition: with a small one (a window of 8 over 4 partitions) it
+	// buys little and adds a response to what the Source may hold.
 	if n := len(parts); n >= fetchLanes && n%fetchLanes == 0 && s.buf.MaxCount() >= minLaneShare*n {
 		// Lanes of unequal size would serve the smaller one's partitions
 		// more often (each partition is the first of its lane's requests,
 		// the one a broker lets exceed its share, in turn).
 		lanes = fetchLanes
 	}
-	// Two lanes compete for the prefetch: cap each partition at its share
-	// of the slots, or one lane can crowd the other out. One lane is fair
-	// by rotation alone, and a cap would only make it drop and re-fetch.
-	shares := 1
-	if lanes > 1 {
-		shares = len(parts)
-	}
-	s.buf.SetShares(shares)
+	// No share of the slots per partition: a lane keeps each response
+	// whole up to PrefetchMessages (the count only gates sending a fetch,
+	// see kafkacore.Buffer.Admit), so one lane cannot crowd the other out
+	// by the count, and lanes reserve in turn.
 	out := make([][]*partition, lanes)
 	for lane := range lanes {
 		for i := lane; i < len(parts); i += lanes {

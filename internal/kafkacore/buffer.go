@@ -38,9 +38,12 @@ type Item[R any] interface {
 
 // Buffer holds what a Source prefetched and the messages it keeps for an
 // in-process retry, all charged against one byte and message budget (the
-// prefetch). The fetcher reserves room before each broker request and keeps
-// of the response only what fits (Admit), so the records held never exceed
-// the budget; the rest of a response is dropped and fetched again later.
+// prefetch). The fetcher reserves room before each broker request (a
+// quarter of the message slots free, and the bytes it asks for) and keeps
+// of the response what fits the bytes, up to the budget's message count
+// (Admit), so the bytes held never exceed the budget and the records held
+// stay below its count plus one response per fetcher; the rest of a
+// response is dropped and fetched again later.
 // The route's Fetch takes messages out (they are then the window's),
 // serving the partitions round robin; a Nak puts one back.
 //
@@ -247,16 +250,33 @@ func (b *Buffer[R]) releaseLocked(r R) {
 const RecordOverhead = 16
 
 // Admit returns a grant and charges, of the records one fetch brought
-// (one list per partition, in offset order), what fits in the budget now:
-// taken round robin across the lists, a record at a time, so a partition
-// with a large batch does not crowd the others out. It returns how many of
-// each list it kept, no more than a partition's share of the slots
-// (SetShares); the caller drops the rest and fetches it again from
-// the first offset not kept. When nothing is held, the first record is
-// kept even if it alone is larger than the budget, so a large record still
-// makes progress. The first record that does not fit, if it is larger
-// than grant and the bytes (not the count) kept it out, is claimed for
-// lane (see Reserve). Call Publish with the kept records.
+// (one list per partition, in offset order), what fits: taken round
+// robin across the lists, a record at a time, so a partition with a large
+// batch does not crowd the others out. It returns how many of each list
+// it kept; the caller drops the rest and fetches it again from the first
+// offset not kept.
+//
+// The bytes always bound it: a record is kept only while the records held
+// plus the room reserved for other fetches stay within the budget's
+// bytes. When nothing is held, the first record is kept even if it alone
+// is larger than the budget, so a large record still makes progress. The
+// first record that does not fit, if it is larger than grant and the
+// bytes (not the count) kept it out, is claimed for lane (see Reserve).
+//
+// The count depends on grant. A fetch's response (grant > 0: Reserve let
+// it be sent, which it does only while a quarter of the message slots
+// are free) is kept whole up to the budget's message count (maxCount
+// records of one response), whatever the records already held: the
+// count gates sending a fetch, and a broker returns a partition's whole
+// first record batch even when it holds more records than the free slots
+// (dropping the excess and fetching it again decoded each record many
+// times). So the records held stay below maxCount plus, per fetcher, one
+// response of at most maxCount records. Records charged without a grant
+// (grant 0: a client that hands records over one at a time) are kept only
+// while fewer than maxCount are held, and no more than a partition's
+// share of the slots (SetShares).
+//
+// Call Publish with the kept records.
 func (b *Buffer[R]) Admit(grant int64, lists [][]R, lane any) []int {
 	kept := make([]int, len(lists))
 	b.mu.Lock()
@@ -276,6 +296,7 @@ func (b *Buffer[R]) Admit(grant int64, lists [][]R, lane any) []int {
 			b.avg = (b.avg + bytes/n + 1) / 2
 		}
 	}()
+	total := 0 // kept of this response
 	for more := true; more; {
 		more = false
 		for i, l := range lists {
@@ -283,13 +304,17 @@ func (b *Buffer[R]) Admit(grant int64, lists [][]R, lane any) []int {
 				continue
 			}
 			r := l[kept[i]]
-			if b.shares > 1 && len(r.BufferPart().queue)-r.BufferPart().qhead+kept[i] >= (b.maxCount+b.shares-1)/b.shares {
+			if grant == 0 && b.shares > 1 && len(r.BufferPart().queue)-r.BufferPart().qhead+kept[i] >= (b.maxCount+b.shares-1)/b.shares {
 				continue // its share of the slots is taken: the others' turn
 			}
 			usedN, used := b.usedLocked()
-			fits := usedN < b.maxCount && used+b.reserved+r.BufferSize() <= b.maxBytes
+			room := usedN < b.maxCount // a record handed over alone
+			if grant > 0 {
+				room = total < b.maxCount // a fetch's response
+			}
+			fits := room && used+b.reserved+r.BufferSize() <= b.maxBytes
 			if !fits && !(usedN == 0 && b.reserved == 0) {
-				if lane != nil && b.claim.lane == nil && r.BufferSize() > grant && usedN < b.maxCount {
+				if lane != nil && b.claim.lane == nil && r.BufferSize() > grant && room {
 					// Larger than what this lane's Reserve granted: an
 					// ordinary Reserve would not make room for it.
 					b.claim = claim[R]{lane: lane, part: r.BufferPart(), size: r.BufferSize()}
@@ -298,6 +323,7 @@ func (b *Buffer[R]) Admit(grant int64, lists [][]R, lane any) []int {
 			}
 			b.chargeLocked(r)
 			kept[i]++
+			total++
 			more = true
 		}
 	}
@@ -328,8 +354,11 @@ func (b *Buffer[R]) Charge(rs []R) {
 }
 
 // SetShares says how many partitions share the message slots: Admit keeps
-// at most a share of them for one partition, so partitions fetched by
-// different fetchers, or with larger batches, do not crowd the others out.
+// of the records charged without a grant (handed over one at a time) at
+// most a share of them for one partition, so partitions fed by different
+// goroutines, or with larger batches, do not crowd the others out. A
+// fetch's response (Admit with a grant) is not capped by it: the count
+// only gates sending fetches.
 func (b *Buffer[R]) SetShares(n int) {
 	b.mu.Lock()
 	b.shares = n

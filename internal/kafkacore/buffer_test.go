@@ -91,3 +91,80 @@ func TestBufferReserveWaits(t *testing.T) {
 		t.Fatalf("Reserve on a full buffer with a done ctx: %v", err)
 	}
 }
+
+// A fetch's response (Admit with a grant) is kept whole past the message
+// count, up to one response of maxCount records: the count only gates
+// sending a fetch (Reserve waits for a quarter of the slots), because a
+// broker returns a partition's whole first batch and dropping the excess
+// made each fetch decode records it threw away. Records charged without a
+// grant are still kept only within the count and a partition's share.
+func TestBufferAdmitKeepsResponseUpToCount(t *testing.T) {
+	var g kafkacore.Gen
+	p0, p1 := &kafkacore.Part[*item]{Gen: &g}, &kafkacore.Part[*item]{Gen: &g}
+	b := kafkacore.NewBuffer[*item](8, 1<<20, 0, 0)
+	held := items(p0, 0, 4, 10)
+	if kept := b.Admit(0, [][]*item{held}, nil); kept[0] != 4 {
+		t.Fatalf("kept %v of 4 handed over alone, want all 4", kept)
+	}
+	b.Publish(p0, held)
+	grant, _, err := b.Reserve(context.Background(), 1<<10, "lane")
+	if err != nil || grant == 0 {
+		t.Fatalf("Reserve with half the slots free: grant %d, %v", grant, err)
+	}
+	// 4 held, 4 free: the response of 20 + 3 records keeps 8 (one
+	// response's count), round robin.
+	resp := [][]*item{items(p0, 4, 20, 10), items(p1, 100, 3, 10)}
+	kept := b.Admit(grant, resp, "lane")
+	if kept[0] != 5 || kept[1] != 3 {
+		t.Fatalf("kept %v of a response with 4 slots free, want [5 3] (8, round robin)", kept)
+	}
+	b.Publish(p0, resp[0][:kept[0]])
+	b.Publish(p1, resp[1][:kept[1]])
+	if n, _, _, peakN := b.Usage(); n != 12 || peakN != 12 {
+		t.Fatalf("holds %d (peak %d), want 12: 4 + one response of 8", n, peakN)
+	}
+	// Over the count: no fetch is sent, and nothing is charged alone.
+	if _, _, ok, _ := b.TryReserve(1<<10, nil); ok {
+		t.Fatal("reserved for a fetch with 12 of 8 slots held")
+	}
+	if kept := b.Admit(0, [][]*item{items(p1, 200, 1, 10)}, nil); kept[0] != 0 {
+		t.Fatal("a record handed over alone was charged past the count")
+	}
+	// The hand-out stays round robin.
+	got, _ := b.Take(time.Now(), 4, 1<<20, nil)
+	if len(got) != 4 || got[0].part == got[1].part || got[1].part == got[2].part {
+		t.Fatalf("took %v: want the partitions in turn", got)
+	}
+}
+
+// The bytes bound a response whatever the count: records that do not fit
+// the budget's bytes are dropped.
+func TestBufferAdmitResponseBoundByBytes(t *testing.T) {
+	var g kafkacore.Gen
+	p := &kafkacore.Part[*item]{Gen: &g}
+	b := kafkacore.NewBuffer[*item](100, 1000, 0, 0)
+	grant, _, _ := b.Reserve(context.Background(), 1000, "lane")
+	if kept := b.Admit(grant, [][]*item{items(p, 0, 20, 100)}, "lane"); kept[0] != 10 {
+		t.Fatalf("kept %v of 20 records of 100 B in a 1,000 B budget, want 10", kept)
+	}
+	if _, bytes, peak, _ := b.Usage(); bytes != 1000 || peak != 1000 {
+		t.Fatalf("holds %d B (peak %d), want 1000", bytes, peak)
+	}
+}
+
+// Records handed over without a grant keep a partition's share of the
+// slots (SetShares), so one partition cannot take them all.
+func TestBufferAdmitAloneKeepsShares(t *testing.T) {
+	var g kafkacore.Gen
+	p0, p1 := &kafkacore.Part[*item]{Gen: &g}, &kafkacore.Part[*item]{Gen: &g}
+	b := kafkacore.NewBuffer[*item](8, 1<<20, 0, 0)
+	b.SetShares(2)
+	kept := b.Admit(0, [][]*item{items(p0, 0, 6, 10)}, nil)
+	if kept[0] != 4 {
+		t.Fatalf("kept %v of one partition with 2 shares of 8 slots, want 4", kept)
+	}
+	b.Publish(p0, items(p0, 0, 4, 10))
+	if kept := b.Admit(0, [][]*item{items(p1, 0, 6, 10)}, nil); kept[0] != 4 {
+		t.Fatalf("the other partition kept %v, want its 4", kept)
+	}
+}
