@@ -319,6 +319,18 @@ type QueuePolicy struct {
 	// DropWhenFull chooses the message shed when the queue is over
 	// MaxLength or MaxCost; default DropNewest.
 	DropWhenFull DropPolicy
+	// Target is the sojourn target of the short-queue rule (see the
+	// package documentation, "Short queues under overload"): when every
+	// message with a deadline that started in an interval had waited
+	// longer than this since its publish, the queue is standing, and a
+	// message with a deadline is admitted only if it is predicted to
+	// finish within Target (plus its run) of its publish and within 60 %
+	// of the time to its deadline; the others are settled as expired
+	// (OverloadStats.Stale). 0 means automatic: four of the handler's
+	// learned p99 latencies plus 20 ms. Negative turns the rule off (then
+	// only the deadline bounds the wait). Messages without a deadline are
+	// never settled by it.
+	Target time.Duration
 }
 
 // CostHeader is the header through which a producer may declare a

@@ -51,6 +51,7 @@ type route struct {
 	pressure *backpressure.PressureGauge
 	slack    slack
 	drain    drainWindow // fetch loop only
+	fresh    freshness   // short queues under overload (fresh.go)
 	costs    classCosts  // learned costs (Window.Cost.Class)
 	stopping atomic.Bool
 	// fetchGone is closed once the fetch loop returned (or Run gave up on
@@ -181,6 +182,7 @@ func newRoute(cfg Route, clock Clock, opts Options) (*route, error) {
 	r.failures.init(cfg.Window.Messages)
 	if r.expiryOn {
 		r.pred = newPredictor(cfg.Workers)
+		r.fresh.init(cfg.Overload.Queue.Target)
 	}
 	if cfg.Window.Cost.Enabled() {
 		r.queue.maxRunning = cfg.Window.Cost.MaxRunning
@@ -290,6 +292,7 @@ func (r *route) stats() RouteStats {
 	}
 	o.ThrottleRefused = r.c.throttled.Load()
 	o.ExpiredEarly = r.c.expiredEarly.Load()
+	o.Stale, o.StandingQueue = r.c.stale.Load(), r.fresh.standing.Load()
 	o.Pressure = r.pressure.Load()
 	o.ResourceCuts = r.c.resourceCuts.Load()
 	r.limitMu.Lock()

@@ -32,11 +32,34 @@
 // its broker slot and no worker spends time on a result nobody waits for.
 // Under a sustained backlog this keeps goodput at the handler's capacity
 // whatever the window: the route drains the stale part of the backlog at
-// fetch and runs what can still make it (successes then finish shortly
-// before their deadline; bound the queue with Overload.Queue for lower
-// latency). Before the first run with a deadline the route checks deadlines
-// only; messages without a deadline are never affected.
-// Overload.ShedNearDeadline stays available as an explicit floor.
+// fetch and runs what can still make it. Before the first run with a
+// deadline the route checks deadlines only; messages without a deadline
+// are never affected. Overload.ShedNearDeadline stays available as an
+// explicit floor.
+//
+// # Short queues under overload
+//
+// Admitting everything that can still make its deadline would let a
+// sustained overload build a standing queue (mostly in the broker, whose
+// FIFO a pull cannot reorder) until every success finishes just before its
+// deadline. The route keeps the queue short instead, the way CoDel does:
+// it watches, per interval (100 ms, or two targets if longer), the least
+// sojourn (publish, or fetch when the broker gives no time, to handler
+// start) of the messages with a deadline that started. A burst leaves some
+// message that waited little; only a standing queue makes every one wait
+// longer than the target (Overload.Queue.Target: by default four of the
+// handler's learned p99 latencies plus 20 ms). Then, until an interval's
+// least sojourn falls to half the target, a message with a deadline is
+// admitted only if it is predicted to finish within the target (plus its
+// own run) of its publish and within 60 % of its time to the deadline; the
+// others are settled as Expired at fetch or, once queued, by the reaper
+// (counted in OverloadStats.Stale, not ExpiredEarly), which drains the old
+// part of the backlog to its fresh end. So the successes finish with
+// margin (in the overload lab ~120 ms after publish for a 4 × 20 ms handler
+// and a 500 ms deadline, instead of ~490 ms) while the workers stay busy.
+// At or under capacity the queue empties and nothing is settled this way;
+// messages without a deadline never are, and keep FIFO. A negative
+// Target turns the rule off.
 //
 // # The settlement contract
 //

@@ -137,6 +137,8 @@ func (r *route) admit(ctx context.Context, msgs []*Message) int {
 	// goes behind the units queued before it (FIFO) or first (LIFO).
 	var pl plan
 	planned, pos := false, 0
+	var target time.Duration
+	standing := false
 	var enqueued, shed int
 	for _, m := range msgs {
 		if msgState(m.state.Load()) != stateHeld {
@@ -179,6 +181,10 @@ func (r *route) admit(ctx context.Context, msgs []*Message) int {
 					if r.cfg.Overload.Queue.Order == QueueFIFO {
 						pos = r.queue.load()
 					}
+					if r.fresh.on && pl.ok {
+						target = r.fresh.targetFor(pl.high)
+						standing = r.fresh.decide(now, target)
+					}
 				}
 				if pl.lateAt(now, m.deadline, pos, units) {
 					r.expireEarly(m, now)
@@ -189,7 +195,23 @@ func (r *route) admit(ctx context.Context, msgs []*Message) int {
 				// reaper settles it if it is still queued then.
 				m.startBy = m.deadline.UnixNano()
 				if pl.ok {
-					m.startBy = m.deadline.Add(-runTime(pl.mean, pl.high, units)).UnixNano()
+					run := runTime(pl.mean, pl.high, units)
+					m.startBy = m.deadline.Add(-run).UnixNano()
+					if r.fresh.on {
+						by := freshBy(birth(m, now), m.deadline, target, run)
+						m.freshAt = by.Add(-run).UnixNano()
+						r.fresh.allow = by.Sub(time.Unix(0, birth(m, now))) - run
+						// A standing queue: only what can finish fresh
+						// (fresh.go) is admitted, and it is reaped as
+						// stale once it no longer can.
+						if standing && pl.lateAt(now, by, pos, units) {
+							r.expireStale(m, now)
+							continue
+						}
+						if standing && m.freshAt < m.startBy {
+							m.startBy, m.stale = m.freshAt, true
+						}
+					}
 				}
 			}
 		}

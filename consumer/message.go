@@ -124,6 +124,8 @@ type Message struct {
 	verdict   verdict      // what the settling party decided (set before stateClaimed ends)
 	deadline  time.Time
 	startBy   int64  // unix nanos (route clock) after which it cannot start in time; 0: none
+	freshAt   int64  // unix nanos (route clock) of its latest fresh start (fresh.go); 0: none
+	stale     bool   // startBy is the standing queue's bound, not its deadline's (fresh.go)
 	units     int32  // what it costs against the window and queue (Window.Cost); 1 without
 	costClass string // its CostPolicy.Class key, when the route learns costs
 	fetchedAt time.Time

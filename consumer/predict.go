@@ -233,7 +233,7 @@ func (r *route) reapLoop(ctx context.Context) {
 			}
 		}
 		for _, m := range late {
-			r.expireEarly(m, now)
+			r.expireQueued(m, now)
 		}
 	}
 }

@@ -99,6 +99,9 @@ func (r *route) process(m *Message, w int) {
 			r.expireEarly(m, now)
 			return
 		}
+		if m.freshAt != 0 {
+			r.fresh.started(m.freshAt, now)
+		}
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithDeadline(ctx, m.deadline)
 		defer cancel()
@@ -290,6 +293,23 @@ func (r *route) finish(ctx context.Context, m *Message, err error) Outcome {
 func (r *route) expireEarly(m *Message, now time.Time) {
 	r.c.expiredEarly.Add(1)
 	r.expire(m, now)
+}
+
+// expireStale settles, as expired, a message a standing queue could not
+// run fresh (fresh.go).
+func (r *route) expireStale(m *Message, now time.Time) {
+	r.c.stale.Add(1)
+	r.expire(m, now)
+}
+
+// expireQueued settles a queued message the reaper found past its start-by
+// time: stale when that was the standing queue's bound, else early.
+func (r *route) expireQueued(m *Message, now time.Time) {
+	if m.stale {
+		r.expireStale(m, now)
+		return
+	}
+	r.expireEarly(m, now)
 }
 
 // expire settles a message whose deadline passed, by DeadLetter.OnExpired.

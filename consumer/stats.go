@@ -199,6 +199,13 @@ type OverloadStats struct {
 	// queue or when a worker picked them, because the route predicted they
 	// would finish after it (predictive expiry).
 	ExpiredEarly uint64
+	// Stale counts messages settled as expired (they are in
+	// Settled[OutcomeExpired], not in ExpiredEarly) before their deadline,
+	// at fetch or in the queue, because a standing queue could not run
+	// them fresh (QueuePolicy.Target); StandingQueue says whether the
+	// route is in that state now.
+	Stale         uint64
+	StandingQueue bool
 	// ResourceCuts counts the intervals in which the process was over its
 	// resource target (Options.Resource) and the route lowered its cap on
 	// the messages its handlers run at once; ResourceCap is the whole
@@ -244,6 +251,7 @@ type counters struct {
 	budgetOut     atomic.Uint64
 	throttled     atomic.Uint64
 	expiredEarly  atomic.Uint64
+	stale         atomic.Uint64
 	resourceCuts  atomic.Uint64
 }
 

@@ -47,6 +47,7 @@ func (c *config) addModeFlags(fs *flag.FlagSet) {
 	fs.StringVar(&g.csv, "grid-csv", "", "grid mode: render the table and heat map from these comma-separated grid.csv files (for example the parts of a run split by handler) instead of running")
 	fs.DurationVar(&g.settle, "grid-settle", time.Second, "grid mode: warm-up of each trial before measuring; above 1× capacity the deadline and this again are added, so a backlog reaches its steady state (every queued message as old as the deadline) first")
 	c.addDegradeFlags(fs)
+	c.addLoadstepFlags(fs)
 	c.addCPUFlags(fs)
 	c.addCostFlags(fs)
 }
@@ -93,6 +94,9 @@ func (c *config) parseModeFlags(set map[string]bool) error {
 	if g.measure <= 0 || g.settle < 0 {
 		return errors.New("-grid-measure must be > 0, -grid-settle >= 0")
 	}
+	if err := c.parseLoadstepFlags(set); err != nil {
+		return err
+	}
 	if err := c.parseDegradeFlags(set); err != nil {
 		return err
 	}
@@ -122,6 +126,8 @@ func runOwnMode(ctx context.Context, b broker, cfg config, rep *report, w io.Wri
 		return runGrid(ctx, b, cfg, rep, w)
 	case "degrade":
 		return runDegrade(ctx, b, cfg, rep, w)
+	case "loadstep":
+		return runLoadstep(ctx, b, cfg, rep, w)
 	case "cpu":
 		return runCPU(ctx, b, cfg, rep, w)
 	case "cost":

@@ -84,12 +84,14 @@ type config struct {
 
 	grid    gridConfig
 	degrade degradeConfig
-	cpu     cpuConfig
-	costMix costConfig
+	// loadstep is -mode loadstep's (loadstep.go).
+	loadstep loadstepConfig
+	cpu      cpuConfig
+	costMix  costConfig
 }
 
 // modes lists -mode's values.
-var modes = []string{"steps", "drop", "backpressure", "isolation", "all", "grid", "degrade", "cpu", "cost"}
+var modes = []string{"steps", "drop", "backpressure", "isolation", "all", "grid", "degrade", "cpu", "cost", "loadstep"}
 
 // parseKinds reads -consumers.
 func parseKinds(s string) ([]kind, error) {
@@ -112,7 +114,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	var c config
 	fs := flag.NewFlagSet("overloadlab", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&c.mode, "mode", "steps", "what to run: steps, drop, backpressure, isolation, all (those four), grid, degrade, cpu or cost")
+	fs.StringVar(&c.mode, "mode", "steps", "what to run: steps, drop, backpressure, isolation, all (those four), grid, degrade, cpu, cost or loadstep")
 	fs.StringVar(&c.broker, "broker", "nats", "nats (embedded nats-server unless -nats-url or $NATS_URL), memory (no broker round trip), kafka (not wired yet)")
 	fs.StringVar(&c.natsURL, "nats-url", os.Getenv("NATS_URL"), "external NATS server with JetStream, e.g. nats://127.0.0.1:4222 from docker-compose; empty starts an embedded one")
 	fs.BoolVar(&c.inProc, "nats-in-process", false, "run the embedded nats-server in this process (its heap then counts in peak heap) instead of a child process")
@@ -192,6 +194,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		return c, errors.New("-bp-*, -drop-queue and -drop-load must be > 0, -drop-critical in (0, 1)")
 	}
 	var err error
+	if c.mode == "loadstep" && !set["consumers"] {
+		*consumers = "unprotected,bounded,minimal" // issue 26's three
+	}
 	if c.kinds, err = parseKinds(*consumers); err != nil {
 		return c, err
 	}
@@ -210,6 +215,7 @@ type report struct {
 	iso      []isoRow
 	grid     []gridCell
 	degrade  []degradeRow
+	loadstep []loadstepRow
 	cpu      []cpuRow
 	cost     []costRow
 }
@@ -256,7 +262,7 @@ func runLab(ctx context.Context, cfg config, w io.Writer) (*report, error) {
 		defer stop()
 	}
 	rep := &report{capacity: cfg.capacity}
-	if cfg.mode == "grid" || cfg.mode == "degrade" || cfg.mode == "cpu" || cfg.mode == "cost" {
+	if cfg.mode == "grid" || cfg.mode == "degrade" || cfg.mode == "cpu" || cfg.mode == "cost" || cfg.mode == "loadstep" {
 		return rep, runOwnMode(ctx, b, cfg, rep, w)
 	}
 	fmt.Fprintf(w, "overloadlab: broker %s, %d workers × %v sleep, deadline %v; plain bounded queue %d; sluice minimal: defaults; sluice tuned: %s\n",

@@ -1,0 +1,136 @@
+package consumer_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/sluice-go/sluice/consumer"
+	"github.com/sluice-go/sluice/sluicetest"
+)
+
+// Under a sustained overload the minimal route keeps its queue short: the
+// p99 of its successes stays at or under 0.7 × the deadline (where the
+// deadline alone let it reach the deadline), goodput stays at capacity, no
+// run starts on an expired message or finishes late, and what it could not
+// run fresh is counted as stale (package doc, "Short queues under
+// overload").
+func TestShortQueueUnderOverload(t *testing.T) {
+	for _, c := range []overload{
+		{workers: 4, cost: 20 * time.Millisecond, deadline: 500 * time.Millisecond, load: 2},
+		{workers: 4, cost: 20 * time.Millisecond, deadline: 500 * time.Millisecond, load: 5},
+		{workers: 4, cost: 20 * time.Millisecond, deadline: 500 * time.Millisecond, load: 10},
+		{workers: 4, cost: 20 * time.Millisecond, deadline: 100 * time.Millisecond, load: 5},
+		{workers: 4, cost: 20 * time.Millisecond, deadline: 5 * time.Second, load: 2},
+		{workers: 32, cost: 2 * time.Millisecond, deadline: 100 * time.Millisecond, load: 2},
+		{workers: 4, cost: 20 * time.Millisecond, deadline: 500 * time.Millisecond, load: 5, rtt: 5 * time.Millisecond},
+	} {
+		c.dur = max(2*time.Second, 4*c.deadline)
+		t.Run(fmt.Sprintf("%d×%v_deadline_%v_at_%g×_rtt_%v", c.workers, c.cost, c.deadline, c.load, c.rtt), func(t *testing.T) {
+			r := c.run(t)
+			if r.goodput < 0.97*r.capacity {
+				t.Errorf("goodput %.1f/s, %.1f%% of capacity %.0f/s", r.goodput, 100*r.goodput/r.capacity, r.capacity)
+			}
+			if r.wasted != 0 || r.late != 0 {
+				t.Errorf("%d runs started on expired messages, %d finished late", r.wasted, r.late)
+			}
+			if lim := time.Duration(0.7 * float64(c.deadline)); r.p99 > lim {
+				t.Errorf("p99 of successes %v, above 0.7 × the deadline %v", r.p99, lim)
+			}
+			if r.stats.Overload.Stale == 0 || !r.stats.Overload.StandingQueue {
+				t.Errorf("stale %d, standing %v: the rule never acted", r.stats.Overload.Stale, r.stats.Overload.StandingQueue)
+			}
+			if len(r.ledgerFault) > 0 || r.unsettled > 0 {
+				t.Errorf("ledger faults %v, %d unsettled", r.ledgerFault, r.unsettled)
+			}
+			// The same run with the rule off: the queue stands as long as
+			// the deadline lets it.
+			off := c
+			off.route = func(r *consumer.Route) { r.Overload.Queue.Target = -1 }
+			o := off.run(t)
+			if o.stats.Overload.Stale != 0 {
+				t.Errorf("rule off: %d stale", o.stats.Overload.Stale)
+			}
+			t.Logf("goodput %.0f/s of %.0f/s, p99 %v (rule off: %v), expired %d (early %d, stale %d), learned p99 %v",
+				r.goodput, r.capacity, r.p99, o.p99, r.stats.Settled[consumer.OutcomeExpired], r.stats.Overload.ExpiredEarly, r.stats.Overload.Stale, r.stats.Overload.HandlerP99)
+		})
+	}
+}
+
+// At or under capacity the rule sheds nothing: no message is settled as
+// stale or expired, and the queue is never standing.
+func TestShortQueueShedsNothingAtCapacity(t *testing.T) {
+	for _, c := range []overload{
+		{workers: 4, cost: 20 * time.Millisecond, deadline: 500 * time.Millisecond, load: 0.5},
+		{workers: 4, cost: 20 * time.Millisecond, deadline: 500 * time.Millisecond, load: 0.9},
+		{workers: 4, cost: 20 * time.Millisecond, deadline: 100 * time.Millisecond, load: 0.9},
+		{workers: 32, cost: 2 * time.Millisecond, deadline: 100 * time.Millisecond, load: 0.9, rtt: time.Millisecond},
+	} {
+		c.dur = 4 * time.Second
+		t.Run(fmt.Sprintf("%d×%v_deadline_%v_at_%g×", c.workers, c.cost, c.deadline, c.load), func(t *testing.T) {
+			r := c.run(t)
+			if n := r.stats.Settled[consumer.OutcomeExpired]; n != 0 || r.stats.Overload.Stale != 0 || r.stats.Overload.StandingQueue {
+				t.Errorf("expired %d, stale %d, standing %v", n, r.stats.Overload.Stale, r.stats.Overload.StandingQueue)
+			}
+			if r.goodput < 0.97*c.load*r.capacity {
+				t.Errorf("goodput %.1f/s of %.1f/s offered", r.goodput, c.load*r.capacity)
+			}
+			t.Logf("goodput %.0f/s, p99 %v", r.goodput, r.p99)
+		})
+	}
+}
+
+// A fixed QueuePolicy.Target bounds the sojourn of what a standing queue
+// runs: publish to finish within the target plus one run (with its
+// margin).
+func TestShortQueueFixedTarget(t *testing.T) {
+	c := overload{workers: 4, cost: 20 * time.Millisecond, deadline: 500 * time.Millisecond, load: 5, dur: 2 * time.Second,
+		route: func(r *consumer.Route) { r.Overload.Queue.Target = 50 * time.Millisecond }}
+	r := c.run(t)
+	if lim := 50*time.Millisecond + 20*time.Millisecond + 3*time.Millisecond; r.p99 > lim {
+		t.Errorf("p99 %v, above the target plus a run %v", r.p99, lim)
+	}
+	if r.goodput < 0.97*r.capacity || r.late != 0 {
+		t.Errorf("goodput %.1f/s of %.0f/s, %d late", r.goodput, r.capacity, r.late)
+	}
+	t.Logf("p99 %v, goodput %.0f/s", r.p99, r.goodput)
+}
+
+// Messages without a deadline are never settled by the rule, and keep
+// FIFO, whatever the backlog.
+func TestShortQueueLeavesMessagesWithoutDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		src := sluicetest.NewSource()
+		var got []string
+		h := func(ctx context.Context, m *consumer.Message) error {
+			got = append(got, string(m.Key))
+			time.Sleep(10 * time.Millisecond)
+			return nil
+		}
+		const n = 300
+		for i := range n {
+			src.Publish(fmt.Sprintf("%04d", i), nil, nil, time.Now())
+		}
+		c, err := consumer.New(consumer.Options{}, consumer.Route{Name: "r", Source: src, Handler: h, Workers: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		errc := make(chan error, 1)
+		go func() { errc <- c.Run(ctx) }()
+		time.Sleep(n*10*time.Millisecond + time.Second)
+		cancel()
+		<-errc
+		s := c.Stats()[0]
+		if s.Settled[consumer.OutcomeSucceeded] != n || s.Overload.Stale != 0 || s.Settled[consumer.OutcomeExpired] != 0 {
+			t.Fatalf("succeeded %d of %d, stale %d, expired %d", s.Settled[consumer.OutcomeSucceeded], n, s.Overload.Stale, s.Settled[consumer.OutcomeExpired])
+		}
+		for i, k := range got {
+			if k != fmt.Sprintf("%04d", i) {
+				t.Fatalf("run %d was %s: not FIFO", i, k)
+			}
+		}
+	})
+}
