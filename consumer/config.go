@@ -102,11 +102,14 @@ type Route struct {
 type WindowPolicy struct {
 	// Messages bounds the number of messages; at most MaxWindowMessages.
 	// 0 means a window that finds its size: it holds twice the route's
-	// Workers, and while most of what it fetches is dropped at once
-	// (expired, or predicted to finish after its deadline: a stale backlog
-	// to drain) it doubles, up to DefaultDrainWindow (or twice the Workers
-	// if more), so each broker round trip drains more of the backlog;
-	// once drops stop it halves back. The Source is told the upper bound.
+	// Workers, and doubles, up to DefaultDrainWindow (or twice the Workers
+	// if more), while most of what it fetches is dropped at once (expired,
+	// or predicted to finish after its deadline: a stale backlog to
+	// drain), or while fetches come back full (the broker has a backlog)
+	// and a worker finds the queue empty (the window is too small to
+	// cover a pull's round trip), so each round trip brings more; once
+	// drops stop and fetches come back short (no backlog) it halves back.
+	// The Source is told the upper bound.
 	// With an Overload.AdaptiveLimit, 0 means twice the Workers. Leave it
 	// 0 unless memory demands a bound: a fixed window never grows. In the
 	// overload lab (docs/lab.md) a route with a fixed 2 × Workers (and a

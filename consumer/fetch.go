@@ -59,7 +59,7 @@ func (r *route) fetchLoop(ctx context.Context) error {
 				r.c.throttled.Add(uint64(d - float64(len(msgs)) + 0.5))
 				if err == nil {
 					if len(msgs) > 0 {
-						r.admitBatch(ctx, msgs)
+						r.admitBatch(ctx, msgs, n)
 					}
 					r.throttled += r.cfg.Overload.ThrottleWait
 					if !pause(ctx, r.cfg.Overload.ThrottleWait) {
@@ -70,7 +70,7 @@ func (r *route) fetchLoop(ctx context.Context) error {
 			}
 		}
 		if len(msgs) > 0 {
-			r.admitBatch(ctx, msgs)
+			r.admitBatch(ctx, msgs, n)
 		}
 		if err != nil {
 			if ctx.Err() != nil {
@@ -103,13 +103,14 @@ func pause(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// admitBatch admits msgs and lets a window that finds its size adjust to
-// how many of them were dropped at once.
-func (r *route) admitBatch(ctx context.Context, msgs []*Message) {
+// admitBatch admits msgs, fetched when asked were asked for, and lets a
+// window that finds its size adjust to how many of them were dropped at
+// once and whether the workers ran dry.
+func (r *route) admitBatch(ctx context.Context, msgs []*Message, asked int) {
 	dropped := r.admit(ctx, msgs)
 	if r.drain.on {
 		old := r.drain.limit
-		if l := r.drain.observe(time.Now(), len(msgs), dropped); l != old {
+		if l := r.drain.observe(time.Now(), len(msgs), asked, dropped, r.queue.ranDry); l != old {
 			r.setLimit(l)
 		}
 	}

@@ -134,3 +134,64 @@ func TestShortQueueLeavesMessagesWithoutDeadline(t *testing.T) {
 		}
 	})
 }
+
+// Without deadlines, a route with the default window draining a backlog
+// through a Source with a round trip grows its window past 2 × Workers
+// while the workers run dry and the fetches come back full, so the drain
+// runs at the handlers' capacity rather than at one window per round trip
+// (a window fixed at 2 × Workers takes far longer); once the backlog is
+// gone and fetches come back short, the window goes back to 2 × Workers.
+func TestWindowGrowsToDrainABacklog(t *testing.T) {
+	const n, workers, cost, rtt = 20000, 8, time.Millisecond, 5 * time.Millisecond
+	drain := func(t *testing.T, window int) (took time.Duration, peak, after int) {
+		synctest.Test(t, func(t *testing.T) {
+			src := sluicetest.NewSource()
+			for i := range n {
+				src.Publish(fmt.Sprint(i), nil, nil, time.Now())
+			}
+			h := func(ctx context.Context, m *consumer.Message) error {
+				time.Sleep(cost)
+				return nil
+			}
+			c, err := consumer.New(consumer.Options{}, consumer.Route{Name: "r", Source: slowSource{src, rtt}, Handler: h, Workers: workers,
+				Window: consumer.WindowPolicy{Messages: window}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			errc := make(chan error, 1)
+			go func() { errc <- c.Run(ctx) }()
+			start := time.Now()
+			for c.Stats()[0].Settled[consumer.OutcomeSucceeded] < n {
+				time.Sleep(10 * time.Millisecond)
+				peak = max(peak, c.Stats()[0].Window.Limit)
+			}
+			took = time.Since(start)
+			// A trickle: no backlog, every fetch comes back short.
+			for i := range 50 {
+				src.Publish(fmt.Sprint("t", i), nil, nil, time.Now())
+				time.Sleep(20 * time.Millisecond)
+			}
+			after = c.Stats()[0].Window.Limit
+			cancel()
+			<-errc
+		})
+		return took, peak, after
+	}
+	took, peak, after := drain(t, 0)
+	fixed, _, _ := drain(t, 2*workers)
+	ideal := time.Duration(n/workers) * cost
+	if peak <= 2*workers {
+		t.Errorf("window peaked at %d, never above 2 × Workers", peak)
+	}
+	if took > ideal*115/100 {
+		t.Errorf("drained %d in %v, more than 1.15 × the handlers' %v", n, took, ideal)
+	}
+	if fixed < took*3/2 {
+		t.Errorf("a window fixed at 2 × Workers drained in %v, the one that finds its size in %v: expected the fixed one far slower", fixed, took)
+	}
+	if after != 2*workers {
+		t.Errorf("window %d with no backlog, want %d", after, 2*workers)
+	}
+	t.Logf("drained in %v (ideal %v, fixed window of %d: %v), window peak %d", took, ideal, 2*workers, fixed, peak)
+}

@@ -67,28 +67,57 @@ func TestPlanWait(t *testing.T) {
 	}
 }
 
+func never() bool { return false }
+
 func TestDrainWindowGrowsAndShrinks(t *testing.T) {
 	d := drainWindow{on: true, lo: 8, hi: 256, limit: 8}
 	t0 := time.Unix(1000, 0)
 	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
-	if l := d.observe(at(0), 8, 8); l != 8 {
+	if l := d.observe(at(0), 8, 8, 8, never); l != 8 {
 		t.Fatalf("decided within the first interval: %d", l)
 	}
 	// Half of each batch dropped: the limit doubles each interval, to hi.
 	for i, want := range []int{16, 32, 64, 128, 256, 256} {
-		if l := d.observe(at(100*(i+1)), 8, 4); l != want {
+		if l := d.observe(at(100*(i+1)), 8, 8, 4, never); l != want {
 			t.Fatalf("interval %d: limit %d, want %d", i+1, l, want)
 		}
 	}
 	// 10% dropped: hold.
-	if l := d.observe(at(700), 100, 10); l != 256 {
+	if l := d.observe(at(700), 100, 100, 10, never); l != 256 {
 		t.Fatalf("10%% dropped: %d", l)
 	}
 	// No drops: halve back to lo.
 	for i, want := range []int{128, 64, 32, 16, 8, 8} {
-		if l := d.observe(at(800+100*i), 8, 0); l != want {
+		if l := d.observe(at(800+100*i), 8, 16, 0, never); l != want {
 			t.Fatalf("no drops, interval %d: limit %d, want %d", i, l, want)
 		}
+	}
+}
+
+// Without drops, the window doubles while fetches come back full and the
+// workers run dry (a backlog the window starves them of), holds once they
+// no longer run dry, holds while fetches are full, and halves back once
+// they come back short (no backlog).
+func TestDrainWindowGrowsWhileWorkersStarve(t *testing.T) {
+	d := drainWindow{on: true, lo: 16, hi: 256, limit: 16}
+	t0 := time.Unix(1000, 0)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	dry := true
+	ranDry := func() bool { return dry }
+	d.observe(at(0), 4, 4, 0, ranDry)
+	for i, want := range []int{32, 64, 128, 256, 256} {
+		if l := d.observe(at(100*(i+1)), 4, 4, 0, ranDry); l != want {
+			t.Fatalf("full and dry, interval %d: limit %d, want %d", i+1, l, want)
+		}
+	}
+	d.limit = 64
+	dry = false
+	if l := d.observe(at(600), 64, 64, 0, ranDry); l != 64 {
+		t.Fatalf("full, not dry: limit %d, want it held at 64", l)
+	}
+	dry = true
+	if l := d.observe(at(700), 10, 64, 0, ranDry); l != 32 {
+		t.Fatalf("dry but short (no backlog): limit %d, want it halved to 32", l)
 	}
 }
 

@@ -28,6 +28,9 @@ type queue struct {
 	// many they have. Both change under mu; finished reads them without it.
 	runCap atomic.Int32
 	taken  atomic.Int32
+	// dry is set when a worker found the queue empty and waited, and
+	// cleared by ranDry (the drain window's starvation signal).
+	dry atomic.Bool
 
 	mu     sync.Mutex
 	cond   sync.Cond
@@ -204,6 +207,9 @@ func (q *queue) pop() (*Message, bool) {
 		if q.n == 0 && q.closed && q.heldBack == 0 {
 			return nil, false
 		}
+		if q.n == 0 && !q.dry.Load() {
+			q.dry.Store(true)
+		}
 		q.cond.Wait()
 	}
 	q.taken.Add(1)
@@ -325,6 +331,10 @@ func (q *queue) tryPop() (*Message, bool) {
 	}
 	return q.removeLocked(q.nextLocked()), true
 }
+
+// ranDry reports whether a worker found the queue empty since the last
+// call.
+func (q *queue) ranDry() bool { return q.dry.Swap(false) }
 
 // len returns how many messages wait.
 func (q *queue) len() int {

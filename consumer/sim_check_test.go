@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluice-go/sluice/consumer"
@@ -328,8 +329,20 @@ func (w *simWorld) checkStats(c *consumer.Consumer, prev []consumer.RouteStats, 
 	w.fetchedEqualsSettledPlusHeldAndCountersNeverGoBackwards(st, prev, final)
 	w.windowAndBudgetNeverExceededCapacityBackOnce(st, final)
 	w.expiredEarlyIsCountedOnceAmongExpired(st)
+	if final {
+		for _, s := range st {
+			if s.Overload.Stale > 0 {
+				simStaleSeeds.Add(1) // the short-queue rule acted in this seed
+				break
+			}
+		}
+	}
 	return st
 }
+
+// simStaleSeeds counts the seeds in which a route settled a message as
+// stale (the short-queue rule, fresh.go), so a run shows the rule is drawn.
+var simStaleSeeds atomic.Int64
 
 func (w *simWorld) fetchedEqualsSettledPlusHeldAndCountersNeverGoBackwards(st, prev []consumer.RouteStats, final bool) {
 	for i, s := range st {
@@ -358,7 +371,7 @@ func (w *simWorld) fetchedEqualsSettledPlusHeldAndCountersNeverGoBackwards(st, p
 		p := prev[i]
 		back := s.Fetched < p.Fetched || s.KeepAlives < p.KeepAlives || s.Late < p.Late ||
 			s.Errors.Handler < p.Errors.Handler || s.Errors.Settle < p.Errors.Settle || s.Errors.DeadLetter < p.Errors.DeadLetter ||
-			s.Errors.Fetch < p.Errors.Fetch || s.Overload.ExpiredEarly < p.Overload.ExpiredEarly
+			s.Errors.Fetch < p.Errors.Fetch || s.Overload.ExpiredEarly < p.Overload.ExpiredEarly || s.Overload.Stale < p.Overload.Stale
 		for o := range s.Settled {
 			back = back || s.Settled[o] < p.Settled[o]
 		}
@@ -369,15 +382,18 @@ func (w *simWorld) fetchedEqualsSettledPlusHeldAndCountersNeverGoBackwards(st, p
 }
 
 // expiredEarlyIsCountedOnceAmongExpired: "ExpiredEarly counts messages
-// settled as expired (they are in Settled[OutcomeExpired])": a message
-// predicted late is one outcome, counted once.
+// settled as expired (they are in Settled[OutcomeExpired])", and "Stale
+// counts messages settled as expired (they are in Settled[OutcomeExpired],
+// not in ExpiredEarly)": a message predicted late or stale is one outcome,
+// counted once.
 func (w *simWorld) expiredEarlyIsCountedOnceAmongExpired(st []consumer.RouteStats) {
 	for _, s := range st {
 		// Or, when its expired letter could not be written, DLQFailed or
 		// abandoned (a last delivery).
 		n := s.Settled[consumer.OutcomeExpired] + s.Settled[consumer.OutcomeDLQFailed] + s.Settled[consumer.OutcomeAbandoned]
-		if e := s.Overload.ExpiredEarly; e > n+uint64(s.Held) {
-			w.failf(invOneOutcome, "route %s: ExpiredEarly %d, but %d expired (or their letter failed) and %d held", s.Name, e, n, s.Held)
+		if e := s.Overload.ExpiredEarly + s.Overload.Stale; e > n+uint64(s.Held) {
+			w.failf(invOneOutcome, "route %s: ExpiredEarly %d + Stale %d, but %d expired (or their letter failed) and %d held",
+				s.Name, s.Overload.ExpiredEarly, s.Overload.Stale, n, s.Held)
 		}
 	}
 }

@@ -149,6 +149,7 @@ const (
 	tagFaults
 	tagBatch
 	tagBatchRun
+	tagFresh
 )
 
 type deadlineKind int8
@@ -194,6 +195,7 @@ type simRoute struct {
 	Drop           consumer.DropPolicy
 	MaxLength      int
 	MaxCost        int
+	QueueTarget    time.Duration // Overload.Queue.Target: 0 automatic, -1 off
 	NoExpiry       bool
 	ShedNear       time.Duration
 	OnShed         consumer.ShedAction
@@ -367,6 +369,13 @@ func genRoute(seed uint64, i int, c *simConfig) *simRoute {
 		r.Reserved = int64(g.IntN(int(r.WinBytes / 2)))
 	}
 	r.Crit = g.IntN(4)
+	// Drawn from a stream of its own, so the draws above keep their seeds.
+	switch f := simRand(seed, tagFresh, uint64(i)); f.IntN(3) {
+	case 0:
+		r.QueueTarget = -1
+	case 1:
+		r.QueueTarget = durBetween(f, time.Millisecond, 60*time.Millisecond)
+	}
 	if c.Focus == 2 {
 		r.Sink = true
 		r.MaxDeliver = 1 + g.IntN(2)
@@ -460,8 +469,8 @@ func (c *simConfig) String() string {
 	fmt.Fprintf(&b, "grace=%v span=%v stop=%v budget=%d resource=%v hook=%v drift=%v focus=%d faults=%s\n",
 		c.Grace, c.Span, c.StopAt, c.Budget, c.Resource, c.Hook, c.Drift, c.Focus, faultString(c.Faults))
 	for _, r := range c.Routes {
-		fmt.Fprintf(&b, "  route r%d: workers=%d %v window=%d/%dB cost=%v/%d queue=%d drop=%d maxlen=%d maxcost=%d noexpiry=%v shednear=%v onshed=%d sheddelay=%v attempts=%d backoff=%v..%v retrybudget=%d maxdeliver=%d sink=%v onexpired=%d onoversize=%d onoverloaded=%d ackwait=%v keepalive=%v adaptive=%v reserved=%d crit=%d batch=%v/%d/%dB/%v msgs=%d\n",
-			r.Index, r.Workers, r.Ordering, r.WinMsgs, r.WinBytes, r.Cost, r.CostMaxRunning, r.QueueOrder, r.Drop, r.MaxLength, r.MaxCost,
+		fmt.Fprintf(&b, "  route r%d: workers=%d %v window=%d/%dB cost=%v/%d queue=%d drop=%d maxlen=%d maxcost=%d target=%v noexpiry=%v shednear=%v onshed=%d sheddelay=%v attempts=%d backoff=%v..%v retrybudget=%d maxdeliver=%d sink=%v onexpired=%d onoversize=%d onoverloaded=%d ackwait=%v keepalive=%v adaptive=%v reserved=%d crit=%d batch=%v/%d/%dB/%v msgs=%d\n",
+			r.Index, r.Workers, r.Ordering, r.WinMsgs, r.WinBytes, r.Cost, r.CostMaxRunning, r.QueueOrder, r.Drop, r.MaxLength, r.MaxCost, r.QueueTarget,
 			r.NoExpiry, r.ShedNear, r.OnShed, r.ShedDelay, r.MaxAttempts, r.BaseDelay, r.MaxDelay, r.RetryBudget, r.MaxDeliver,
 			r.Sink, r.OnExpired, r.OnOversize, r.OnOverloaded, r.AckWait, r.KeepAlive, r.Adaptive, r.Reserved, r.Crit, r.Batch, r.BatchMax, r.BatchBytes, r.BatchLinger, len(r.Msgs))
 		for _, m := range r.Msgs {

@@ -115,7 +115,7 @@ func TestSimulation(t *testing.T) {
 	}
 	wg.Wait()
 	ran := min(int(next.Load()), seeds)
-	t.Logf("%d seeds (%d..%d) in %v, %d failed", ran, first, first+ran-1, time.Since(begin).Round(time.Millisecond), len(failures))
+	t.Logf("%d seeds (%d..%d) in %v, %d failed; the short-queue rule settled stale messages in %d", ran, first, first+ran-1, time.Since(begin).Round(time.Millisecond), len(failures), simStaleSeeds.Load())
 	for bug, f := range known {
 		t.Logf("known bug %s (%s): %d seeds, first the %d-th (seed %d): %s: %s\n  replay: SLUICE_SIM_SEED=%d SLUICE_SIM_STRICT=1 go test ./consumer -run TestSimulation -v",
 			bug, knownBugs[bug], knownSeeds[bug], f.count, f.seed, f.vs[0].invariant, f.vs[0].detail, f.seed)
@@ -333,7 +333,7 @@ func (w *simWorld) build() (consumer.Options, []consumer.Route) {
 		o.Criticality = backpressure.Criticality(r.Crit)
 		o.ReservedBytes = r.Reserved
 		o.ShedNearDeadline, o.OnShed, o.ShedDelay = r.ShedNear, r.OnShed, r.ShedDelay
-		o.Queue = consumer.QueuePolicy{Order: r.QueueOrder, MaxLength: r.MaxLength, MaxCost: r.MaxCost, DropWhenFull: r.Drop}
+		o.Queue = consumer.QueuePolicy{Order: r.QueueOrder, MaxLength: r.MaxLength, MaxCost: r.MaxCost, DropWhenFull: r.Drop, Target: r.QueueTarget}
 		switch r.RetryBudget {
 		case 1:
 			o.RetryBudget = shared
