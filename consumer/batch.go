@@ -607,6 +607,11 @@ func (r *route) runBatch(ms []*Message, linger time.Duration) {
 	if len(keep) == 0 {
 		return
 	}
+	for _, m := range keep {
+		if m.freshAt != 0 {
+			r.fresh.started(m.freshAt, now) // the short-queue rule's sojourn (fresh.go)
+		}
+	}
 	b := NewBatch(keep...)
 	crit := keep[0].crit
 	for _, m := range keep[1:] {

@@ -42,24 +42,33 @@
 // Admitting everything that can still make its deadline would let a
 // sustained overload build a standing queue (mostly in the broker, whose
 // FIFO a pull cannot reorder) until every success finishes just before its
-// deadline. The route keeps the queue short instead, the way CoDel does:
-// it watches, per interval (100 ms, or two targets if longer), the least
-// sojourn (publish, or fetch when the broker gives no time, to handler
-// start) of the messages with a deadline that started. A burst leaves some
-// message that waited little; only a standing queue makes every one wait
-// longer than the target (Overload.Queue.Target: by default four of the
-// handler's learned p99 latencies plus 20 ms). Then, until an interval's
-// least sojourn falls to half the target, a message with a deadline is
-// admitted only if it is predicted to finish within the target (plus its
-// own run) of its publish and within 60 % of its time to the deadline; the
+// deadline. The route keeps the queue short instead, the way CoDel does. It
+// looks, per interval (100 ms, or two targets if longer), at the messages
+// with a deadline: a burst leaves some message that waited little, while a
+// standing queue makes every one that starts wait longer than the target
+// since its publish (Overload.Queue.Target: by default two of the handler's
+// learned p99 latencies plus 20 ms), or makes the route settle at once
+// (expired, or predicted late) a quarter of what it fetched, as a deadline
+// short next to the backlog does. In that state, until neither holds and
+// some message starts half its allowance early, a message with a deadline is
+// admitted only if it is predicted to finish within the target (plus its own
+// run) of its publish and within 60 % of its time to the deadline; the
 // others are settled as Expired at fetch or, once queued, by the reaper
 // (counted in OverloadStats.Stale, not ExpiredEarly), which drains the old
-// part of the backlog to its fresh end. So the successes finish with
-// margin (in the overload lab ~120 ms after publish for a 4 × 20 ms handler
-// and a 500 ms deadline, instead of ~490 ms) while the workers stay busy.
-// At or under capacity the queue empties and nothing is settled this way;
-// messages without a deadline never are, and keep FIFO. A negative
-// Target turns the rule off.
+// part of the backlog to its fresh end. So the successes finish with margin
+// while the workers stay busy. At or under capacity the queue empties and
+// nothing is settled this way; messages without a deadline never are, and
+// keep FIFO. A negative Target turns the rule off. On a batch route a
+// message's run is its batch's: the rule plans with the learned time of a
+// full batch.
+//
+// The default window (WindowPolicy.Messages 0) sizes itself from the same
+// signals: it grows while a stale backlog drains (most of what it fetches
+// is dropped at once) and while the broker has a backlog the window
+// starves the workers of (a fetch came back full and a worker found the
+// queue empty), so without deadlines a backlog drains at the handlers'
+// pace rather than a window per round trip; it shrinks back once drops
+// stop and fetches come back short.
 //
 // # The settlement contract
 //

@@ -140,7 +140,7 @@ func (r *route) admit(ctx context.Context, msgs []*Message) int {
 	planned, pos := false, 0
 	var target time.Duration
 	standing := false
-	var enqueued, shed int
+	var enqueued, shed, timed, timedDropped int
 	for _, m := range msgs {
 		if msgState(m.state.Load()) != stateHeld {
 			continue // abandoned by a shutdown that could not wait for us
@@ -169,6 +169,8 @@ func (r *route) admit(ctx context.Context, msgs []*Message) int {
 			r.computeDeadline(m)
 			if expiry.Expired(m.deadline, now) {
 				r.expire(m, now)
+				timed++
+				timedDropped++
 				continue
 			}
 			if d := r.cfg.Overload.ShedNearDeadline; d > 0 && r.order == nil && !m.deadline.IsZero() && m.deadline.Sub(now) < d {
@@ -182,22 +184,31 @@ func (r *route) admit(ctx context.Context, msgs []*Message) int {
 					if r.cfg.Overload.Queue.Order == QueueFIFO {
 						pos = r.queue.load()
 					}
-					if r.fresh.on && pl.ok {
-						target = r.fresh.targetFor(pl.high)
-						standing = r.fresh.decide(now, target)
+					if r.fresh.on {
+						if run, ok := r.freshRun(pl); ok {
+							if pl.ok {
+								run = pl.high // a message's p99, as the target promises
+							}
+							target = r.fresh.targetFor(run)
+							standing = r.fresh.decide(now, target)
+						}
 					}
 				}
+				timed++
 				if pl.lateAt(now, m.deadline, pos, units) {
 					r.expireEarly(m, now)
+					timedDropped++
 					continue
 				}
 				// Past this moment it could not finish in time (before the
 				// route has learned its handler: past its deadline): the
 				// reaper settles it if it is still queued then.
 				m.startBy = m.deadline.UnixNano()
-				if pl.ok {
-					run := runTime(pl.mean, pl.high, units)
-					m.startBy = m.deadline.Add(-run).UnixNano()
+				if run, ok := r.freshRun(pl); ok {
+					if pl.ok {
+						run = runTime(pl.mean, pl.high, units)
+						m.startBy = m.deadline.Add(-run).UnixNano()
+					}
 					if r.fresh.on {
 						by := freshBy(birth(m, now), m.deadline, target, run)
 						m.freshAt = by.Add(-run).UnixNano()
@@ -205,8 +216,9 @@ func (r *route) admit(ctx context.Context, msgs []*Message) int {
 						// A standing queue: only what can finish fresh
 						// (fresh.go) is admitted, and it is reaped as
 						// stale once it no longer can.
-						if standing && pl.lateAt(now, by, pos, units) {
+						if standing && (pl.ok && pl.lateAt(now, by, pos, units) || !pl.ok && now.Add(run).After(by)) {
 							r.expireStale(m, now)
+							timedDropped++
 							continue
 						}
 						if standing && m.freshAt < m.startBy {
@@ -221,6 +233,9 @@ func (r *route) admit(ctx context.Context, msgs []*Message) int {
 		}
 		enqueued++
 		shed += r.enqueue(ctx, m)
+	}
+	if r.fresh.on {
+		r.fresh.counted(timed, timedDropped)
 	}
 	// What was not queued, and what the queue shed to make room, was
 	// settled at once.

@@ -6,23 +6,18 @@ import (
 	"time"
 )
 
-// Short queues under overload. Predictive expiry alone admits everything
-// that can still make its deadline, so under a sustained overload the
-// broker's backlog settles where each message starts just in time: the
-// successes finish at their deadline, with no margin. freshness keeps the
-// standing queue short instead, the way CoDel does: it watches the minimum
-// sojourn (publish, or fetch when the broker does not say, to the start of
-// the handler) of the messages with a deadline that start in each interval.
-// A burst leaves some message that waited little; only a standing queue
-// keeps every one of them waiting. When an interval's minimum is above the
-// target, the queue is standing and a message with a deadline is admitted
-// only if it is predicted to finish within the target (plus its run) of
-// its publish, and within freshShare of the time its deadline gave it;
-// the others are settled as expired (OverloadStats.Stale) at fetch, or by
-// the reaper once queued, so the fetch loop drains the stale part of the
-// backlog to its fresh end. The state ends when an interval's minimum
-// falls below half the target. Messages without a deadline are never
-// settled by it.
+// Short queues under overload (the package doc states the rule).
+// Predictive expiry alone admits everything that can still make its
+// deadline, so under a sustained overload the broker's backlog settles
+// where each message starts just in time. freshness keeps the standing
+// queue short instead, the way CoDel does: workers report how late (after
+// its latest fresh start, Message.freshAt) each message with a deadline
+// starts, the fetch loop counts what it settles at once, and once per
+// interval decide reads both: every start late, or a quarter dropped,
+// means a standing queue. In that state admission (fetch.go) and the
+// reaper hold each message with a deadline to its fresh bound (freshBy)
+// and settle the rest as stale; it ends when nothing is dropped and some
+// message starts half its allowance early.
 type freshness struct {
 	on bool
 	// target is the fixed sojourn target (QueuePolicy.Target), 0 for the
@@ -35,6 +30,10 @@ type freshness struct {
 	standing atomic.Bool
 	since    time.Time     // fetch loop only: the last decision
 	allow    time.Duration // fetch loop only: the last message's allowance
+	// fetched and dropped count, since the last decision, the messages
+	// with a deadline the fetch loop fetched and those it settled at once
+	// (fetch loop only).
+	fetched, dropped int
 }
 
 const (
@@ -44,12 +43,20 @@ const (
 	// The automatic target: freshRounds handler p99s (a fetch round trip
 	// and the queue ahead of a fresh message) plus freshFloor (the broker's
 	// and the scheduler's own jitter).
-	freshRounds = 4
+	freshRounds = 2
 	freshFloor  = 20 * time.Millisecond
 	// freshShare is the part of a message's time (publish to deadline) it
 	// may take in the standing state, so a success keeps a margin before
 	// its deadline whatever the target.
 	freshShare = 0.6
+	// freshDropped: when at least this share of the messages fetched in an
+	// interval was settled at once (predicted late, or stale), arrivals
+	// exceed what the route runs in time whatever the sojourns show: the
+	// queue is standing. With a deadline short next to the backlog's
+	// spread, predictive expiry keeps the queue within the deadline but
+	// some message still starts fresh in every interval.
+	freshDropped    = 0.25
+	freshMinFetched = 8
 )
 
 func (f *freshness) init(target time.Duration) {
@@ -79,10 +86,18 @@ func (f *freshness) targetFor(high time.Duration) time.Duration {
 	return freshRounds*high + freshFloor
 }
 
-// decide looks at the least lateness once an interval has passed, and
-// reports whether the queue is standing: every message started in the
-// interval started after its latest fresh start. It ends when one started
-// half its allowance before it. Only the fetch loop calls it.
+// counted records a fetched batch's messages with a deadline: n fetched,
+// dropped of them settled at once. Only the fetch loop calls it.
+func (f *freshness) counted(n, dropped int) {
+	f.fetched += n
+	f.dropped += dropped
+}
+
+// decide looks at the interval once it has passed, and reports whether the
+// queue is standing: every message started in the interval started after
+// its latest fresh start, or a quarter of what was fetched was settled at
+// once. It ends when neither holds and some message started half its
+// allowance before its latest fresh start. Only the fetch loop calls it.
 func (f *freshness) decide(now time.Time, target time.Duration) bool {
 	if f.since.IsZero() {
 		f.since = now
@@ -92,7 +107,11 @@ func (f *freshness) decide(now time.Time, target time.Duration) bool {
 	}
 	f.since = now
 	m := f.minNs.Swap(math.MaxInt64)
+	dropping := f.fetched >= freshMinFetched && float64(f.dropped) >= freshDropped*float64(f.fetched)
+	f.fetched, f.dropped = 0, 0
 	switch {
+	case dropping:
+		f.standing.Store(true)
 	case m == math.MaxInt64:
 		// Nothing with a deadline started: nothing to judge by.
 	case m > 0:
@@ -122,4 +141,19 @@ func birth(m *Message, now time.Time) int64 {
 		return p.UnixNano()
 	}
 	return now.UnixNano()
+}
+
+// freshRun is the run time the rule plans with: a message's high-quantile
+// run with its margin (pl), or on a batch route, whose workers run
+// batches, a full batch's predicted time (batch.go's model): a message
+// there waits for its batch and runs as long as it does. It reports false
+// before the route has learned either.
+func (r *route) freshRun(pl plan) (time.Duration, bool) {
+	if pl.ok {
+		return runTime(pl.mean, pl.high, 1), true
+	}
+	if r.batch != nil && r.batch.model.ok.Load() {
+		return r.batch.model.high(r.batch.max), true
+	}
+	return 0, false
 }
