@@ -64,7 +64,10 @@
 // 20 ms full path and a 4 ms degraded one; -mode cpu runs a CPU-bound
 // handler (a calibrated busy loop) at 3× and reports process CPU; -mode
 // cost offers a mix of 1 ms and 100 ms messages that declare their cost in
-// the Sluice-Cost header.
+// the Sluice-Cost header; -mode loadstep offers 1× capacity, then 5×, then
+// 1× again (-ls-*) and plots each consumer's sojourn (publish to handler
+// start) and p99 over time (issue 26), by default for the unprotected
+// consumer, the plain bounded queue and the minimal route.
 //
 // -broker nats (default) starts nats-server in a child process of the lab
 // (-nats-in-process embeds it), or uses -nats-url / $NATS_URL (for example

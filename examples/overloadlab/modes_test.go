@@ -220,3 +220,44 @@ func TestModePlots(t *testing.T) {
 		}
 	}
 }
+
+// The loadstep mode's figures: per phase the goodput, the median sojourn
+// (publish to start) and the p99 of successes; per 250 ms bin the same
+// over the trial; and the default consumers are issue 26's three.
+func TestLoadstepRow(t *testing.T) {
+	cfg, err := parseFlags([]string{"-mode", "loadstep", "-ls-before", "2s", "-ls-during", "3s", "-ls-after", "2s", "-deadline", "500ms"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.kinds) != 3 || cfg.kinds[0] != unprotected || cfg.kinds[1] != boundedQueue || cfg.kinds[2] != sluiceMinimal {
+		t.Fatalf("default consumers %v", cfg.kinds)
+	}
+	t0 := time.Unix(1000, 0)
+	step, after := t0.Add(2*time.Second), t0.Add(5*time.Second)
+	// 100 runs/s throughout: 10 ms from publish to start before and after
+	// the step, 100 ms in it; each run takes 20 ms.
+	var runs []runRec
+	for at := t0; at.Before(t0.Add(7 * time.Second)); at = at.Add(10 * time.Millisecond) {
+		wait := 10 * time.Millisecond
+		if !at.Before(step) && at.Before(after) {
+			wait = 100 * time.Millisecond
+		}
+		runs = append(runs, runRec{pub: at, start: at.Add(wait), end: at.Add(wait + 20*time.Millisecond), ok: true, onTime: true})
+	}
+	row := loadstepRowOf(result{spec: trialSpec{kind: sluiceMinimal}, start: t0, runs: runs}, cfg)
+	if p := row.phases[1]; p.sojourn != 100*time.Millisecond || p.p99 != 120*time.Millisecond || math.Abs(p.goodput-100) > 2 {
+		t.Errorf("step: sojourn %v, p99 %v, goodput %.1f/s", p.sojourn, p.p99, p.goodput)
+	}
+	if p := row.phases[2]; p.sojourn != 10*time.Millisecond || p.p99 != 30*time.Millisecond {
+		t.Errorf("after: sojourn %v, p99 %v", p.sojourn, p.p99)
+	}
+	if n := len(row.timeline); n != 28 {
+		t.Fatalf("%d bins over 7 s, want 28", n)
+	}
+	if b := row.timeline[12]; b.sojourn != 100*time.Millisecond {
+		t.Errorf("bin 12 (3.0–3.25 s, in the step): sojourn %v", b.sojourn)
+	}
+	if b := row.timeline[2]; b.sojourn != 10*time.Millisecond || b.p99 != 30*time.Millisecond {
+		t.Errorf("bin 2 (before the step): sojourn %v, p99 %v", b.sojourn, b.p99)
+	}
+}
