@@ -607,6 +607,7 @@ func (r *route) runBatch(ms []*Message, linger time.Duration) {
 	if len(keep) == 0 {
 		return
 	}
+	now := r.clock.Now()
 	for _, m := range keep {
 		if m.freshAt != 0 {
 			r.fresh.started(m.freshAt, now) // the short-queue rule's sojourn (fresh.go)
