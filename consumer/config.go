@@ -332,10 +332,13 @@ type QueuePolicy struct {
 	// longer than this since its publish (or a quarter of those fetched
 	// were settled at once), the queue is standing, and a
 	// message with a deadline is admitted only if it is predicted to
-	// finish within Target (plus its run) of its publish and within 60 %
-	// of the time to its deadline; the others are settled as expired
-	// (OverloadStats.Stale). 0 means automatic: two of the handler's
-	// learned p99 latencies plus 20 ms. Negative turns the rule off (then
+	// finish within 60 % of the time to its deadline and, when Target is
+	// set (> 0), within Target (plus its run) of its publish; the others
+	// are settled as expired (OverloadStats.Stale). 0 means automatic: two
+	// of the handler's learned p99 latencies plus 20 ms detect the state,
+	// and only the deadline-relative bound settles messages, so a backlog
+	// whose deadlines leave ample time drains in full. Negative turns the
+	// rule off (then
 	// only the deadline bounds the wait). Messages without a deadline are
 	// never settled by it.
 	Target time.Duration

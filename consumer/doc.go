@@ -51,13 +51,17 @@
 // (expired, or predicted late) a quarter of what it fetched, as a deadline
 // short next to the backlog does. In that state, until neither holds and
 // some message starts half its allowance early, a message with a deadline is
-// admitted only if it is predicted to finish within the target (plus its own
-// run) of its publish and within 60 % of its time to the deadline; the
+// admitted only if it is predicted to finish within 60 % of its time to the
+// deadline (its publish to its deadline) and, when Target is set (> 0),
+// within Target (plus its own run) of its publish; the
 // others are settled as Expired at fetch or, once queued, by the reaper
 // (counted in OverloadStats.Stale, not ExpiredEarly), which drains the old
 // part of the backlog to its fresh end. So the successes finish with margin
-// while the workers stay busy. At or under capacity the queue empties and
-// nothing is settled this way; messages without a deadline never are, and
+// while the workers stay busy. The automatic target only detects the state:
+// the bound that settles messages is relative to each deadline, so a
+// backlog whose deadlines leave ample time (a burst produced before the
+// consumer started, a replay) drains in full. At or under capacity the
+// queue empties and nothing is settled this way; messages without a deadline never are, and
 // keep FIFO. A negative Target turns the rule off. On a batch route a
 // message's run is its batch's: the rule plans with the learned time of a
 // full batch.

@@ -210,7 +210,7 @@ func (r *route) admit(ctx context.Context, msgs []*Message) int {
 						m.startBy = m.deadline.Add(-run).UnixNano()
 					}
 					if r.fresh.on {
-						by := freshBy(birth(m, now), m.deadline, target, run)
+						by := freshBy(birth(m, now), m.deadline, r.fresh.target, run)
 						m.freshAt = by.Add(-run).UnixNano()
 						r.fresh.allow = by.Sub(time.Unix(0, birth(m, now))) - run
 						// A standing queue: only what can finish fresh

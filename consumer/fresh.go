@@ -122,14 +122,19 @@ func (f *freshness) decide(now time.Time, target time.Duration) bool {
 	return f.standing.Load()
 }
 
-// freshBy is when m, born at born, must finish to be fresh: within target
-// (plus its run of run) of its birth, and within freshShare of its time
-// before its deadline.
+// freshBy is when m, born at born, must finish to be fresh: within
+// freshShare of its time before its deadline, and, with a fixed target
+// (QueuePolicy.Target > 0; 0 here: none), within target (plus its run of
+// run) of its birth. Without a fixed target the bound is relative to the
+// deadline only, so a backlog whose deadlines leave ample time (a burst
+// after a restart, a replay) is never settled as stale: it drains in full.
 func freshBy(born int64, deadline time.Time, target, run time.Duration) time.Time {
 	b := time.Unix(0, born)
-	by := b.Add(target + run)
-	if share := b.Add(time.Duration(freshShare * float64(deadline.Sub(b)))); share.Before(by) {
-		by = share
+	by := b.Add(time.Duration(freshShare * float64(deadline.Sub(b))))
+	if target > 0 {
+		if t := b.Add(target + run); t.Before(by) {
+			by = t
+		}
 	}
 	return by
 }

@@ -82,6 +82,9 @@ func TestFreshBy(t *testing.T) {
 	if by := freshBy(born.UnixNano(), born.Add(100*time.Millisecond), 100*time.Millisecond, 20*time.Millisecond); !by.Equal(born.Add(60 * time.Millisecond)) {
 		t.Errorf("short deadline: %v after birth, want 60ms", by.Sub(born))
 	}
+	if by := freshBy(born.UnixNano(), born.Add(time.Minute), 0, 20*time.Millisecond); !by.Equal(born.Add(36 * time.Second)) {
+		t.Errorf("no fixed target: %v after birth, want 36s (60%% of its time)", by.Sub(born))
+	}
 	m := &Message{PublishedAt: born.Add(time.Second)}
 	if b := birth(m, born); b != born.UnixNano() {
 		t.Errorf("a publish time after now: birth %v, want now", time.Unix(0, b))
